@@ -1,0 +1,28 @@
+"""minikv: how an LLM server manages its KV cache, as a small real package.
+
+Storage layer: :class:`MHAKVCache` and :func:`store_cache`.
+Management layer: :class:`NaiveCacheManager` and :class:`RadixCacheManager`.
+Around them: :class:`PagePool` and the request lifecycle (:mod:`minikv.lifecycle`).
+"""
+
+from . import errors
+from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache, KVCacheLayout, SizeInfo
+from .capacity import MODELS, ModelShape, kv_bytes_per_token, mla_bytes_per_token, tokens_that_fit
+from .kernels import INTERPRETED, store_cache, store_cache_reference
+from .lifecycle import Request, admit, finish, serve
+from .mha_pool import MHAKVCache
+from .naive_manager import NaiveCacheHandle, NaiveCacheManager
+from .page_pool import PagePool
+from .radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BaseCacheHandle", "BaseCacheManager", "BaseKVCache", "KVCacheLayout", "SizeInfo",
+    "MHAKVCache", "store_cache", "store_cache_reference", "INTERPRETED",
+    "NaiveCacheHandle", "NaiveCacheManager",
+    "RadixCacheHandle", "RadixCacheManager", "RadixTreeNode",
+    "PagePool", "Request", "admit", "finish", "serve",
+    "MODELS", "ModelShape", "kv_bytes_per_token", "mla_bytes_per_token", "tokens_that_fit",
+    "errors",
+]  # fmt: skip

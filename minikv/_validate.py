@@ -1,0 +1,78 @@
+"""Argument checks shared by the managers, the pool and the store path.
+
+Each helper either returns a canonical value or raises an error that names the
+argument. They never mutate their input, so a failed call leaves state as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -> np.ndarray:
+    """Token ids as a 1-D int64 NumPy array on the CPU (the radix tree compares keys there)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_DTYPES:
+            raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+        if value.dim() != 1:
+            raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        array = value.detach().to("cpu", torch.int64).numpy()
+    elif isinstance(value, np.ndarray):
+        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+            raise ArgumentTypeError(f"{name} must be a 1-D integer array, got {value.dtype} {value.shape}")
+        array = value.astype(np.int64, copy=False)
+    elif isinstance(value, (list, tuple)):
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
+            raise ArgumentTypeError(f"{name} must contain only ints")
+        array = np.asarray(value, dtype=np.int64).reshape(-1)
+    else:
+        raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
+    if array.size and array.min() < 0:
+        raise ArgumentError(f"{name} must not contain negative token ids")
+    return array
+
+
+def as_slot_indices(
+    value: torch.Tensor | Sequence[int], device: torch.device, name: str = "indices"
+) -> torch.Tensor:
+    """Slot indices as a 1-D int32 tensor on ``device``; negative slots are rejected."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_DTYPES:
+            raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+        if value.dim() != 1:
+            raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        if value.device != device:
+            raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
+        tensor = value if value.dtype == torch.int32 else value.to(torch.int32)
+    elif isinstance(value, (list, tuple)):
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
+            raise ArgumentTypeError(f"{name} must contain only ints")
+        tensor = torch.tensor(value, dtype=torch.int32, device=device)
+    else:
+        raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
+    if tensor.numel() and int(tensor.min()) < 0:
+        raise ArgumentError(f"{name} must not contain negative slot indices")
+    return tensor
+
+
+def as_count(value: object, name: str) -> int:
+    """A non-negative Python int (bools and floats are refused: they hide bugs)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ArgumentError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def as_positive(value: object, name: str) -> int:
+    count = as_count(value, name)
+    if count == 0:
+        raise ArgumentError(f"{name} must be >= 1, got 0")
+    return count

@@ -1,0 +1,64 @@
+"""One error hierarchy for the whole package.
+
+Every error minikv raises on bad input derives from :class:`MiniKVError`, and
+also from the built-in exception a Python programmer would expect
+(``ValueError`` for a bad value, ``TypeError`` for a wrong type or dtype,
+``IndexError`` for an out-of-range slot), so ``except ValueError`` keeps working.
+Messages always name the argument and say what is wrong with it.
+"""
+
+from __future__ import annotations
+
+
+class MiniKVError(Exception):
+    """Base class of every error raised by minikv."""
+
+
+class ArgumentError(MiniKVError, ValueError):
+    """An argument has the wrong value, length or shape."""
+
+
+class ArgumentTypeError(MiniKVError, TypeError):
+    """An argument has the wrong Python type or tensor dtype."""
+
+
+class DeviceMismatchError(ArgumentError):
+    """Tensors that must live on one device do not."""
+
+
+class SlotIndexError(MiniKVError, IndexError):
+    """A slot or page index lies outside the storage it addresses."""
+
+
+class LockError(MiniKVError, RuntimeError):
+    """A lock operation that would corrupt the reference counts."""
+
+
+class StaleHandleError(LockError):
+    """A handle whose node is no longer part of the tree (it was evicted or reset)."""
+
+
+class EvictionError(MiniKVError, RuntimeError):
+    """An eviction that cannot be satisfied, e.g. more than is evictable."""
+
+
+class OutOfSlotsError(MiniKVError, RuntimeError):
+    """The page pool cannot supply the requested slots, even after eviction."""
+
+
+class DoubleFreeError(MiniKVError, RuntimeError):
+    """Slots returned to the pool that were already free (or returned twice)."""
+
+
+class IntegrityError(MiniKVError, RuntimeError):
+    """A broken invariant found by ``check_integrity``.
+
+    ``invariant`` names the rule that failed and ``node`` is the offending node
+    (``None`` when the problem is global, such as a size counter).
+    """
+
+    def __init__(self, invariant: str, detail: str, node: object | None = None) -> None:
+        self.invariant = invariant
+        self.node = node
+        where = f" at {node!r}" if node is not None else ""
+        super().__init__(f"[{invariant}]{where}: {detail}")

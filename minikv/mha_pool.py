@@ -1,0 +1,122 @@
+"""``MHAKVCache``: the storage layer for multi-head (and grouped-query) attention.
+
+One allocation holds K and V of every layer. The buffer's first dimension is 2
+(``[0]`` is K, ``[1]`` is V), so both share one layout and one free list.
+Each tensor-parallel rank stores only its own slice of the KV heads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validate import as_count, as_positive
+from .base import BaseKVCache, KVCacheLayout
+from .errors import ArgumentError, ArgumentTypeError, SlotIndexError
+from .kernels.store import SUPPORTED_DTYPES, store_cache
+
+
+class MHAKVCache(BaseKVCache):
+    """K/V storage for ``num_layers`` layers of ``num_pages`` pages of ``page_size`` token slots.
+
+    ``kv_layout`` chooses what is adjacent in memory (see :class:`KVCacheLayout`);
+    either way ``k_cache(layer)`` is a ``(num_pages, page_size, local_kv_heads, head_dim)``
+    view, so attention and ``store_kv`` never need to know which layout was chosen.
+    """
+
+    def __init__(
+        self,
+        num_kv_heads: int,
+        num_layers: int,
+        head_dim: int,
+        num_pages: int,
+        dtype: torch.dtype,
+        kv_layout: KVCacheLayout,
+        device: torch.device | str,
+        page_size: int = 1,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        num_kv_heads = as_positive(num_kv_heads, "num_kv_heads")
+        self._num_layers = as_positive(num_layers, "num_layers")
+        self.head_dim = as_positive(head_dim, "head_dim")
+        self.num_pages = as_positive(num_pages, "num_pages")
+        self.page_size = as_positive(page_size, "page_size")
+        self.tp_size = as_positive(tp_size, "tp_size")
+        self.tp_rank = as_count(tp_rank, "tp_rank")
+        if self.tp_rank >= self.tp_size:
+            raise ArgumentError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank}")
+        if num_kv_heads % self.tp_size:
+            raise ArgumentError(
+                f"num_kv_heads ({num_kv_heads}) must be divisible by tp_size ({self.tp_size}): "
+                "each rank stores a whole number of heads"
+            )
+        if dtype not in SUPPORTED_DTYPES:
+            raise ArgumentTypeError(f"dtype must be one of float32/float16/bfloat16, got {dtype}")
+        if not isinstance(kv_layout, KVCacheLayout):
+            raise ArgumentTypeError(f"kv_layout must be a KVCacheLayout, got {type(kv_layout).__name__}")
+        self.num_kv_heads = num_kv_heads
+        self.local_kv_heads = num_kv_heads // self.tp_size
+        self.kv_layout = kv_layout
+        L, P, S, H, D = self._num_layers, self.num_pages, self.page_size, self.local_kv_heads, self.head_dim
+        if kv_layout is KVCacheLayout.LayerFirst:
+            self._kv_buffer = torch.zeros((2, L, P, S, H, D), dtype=dtype, device=device)
+        else:
+            # Stored page-major; the permuted view is layer-first. No data moves.
+            self._kv_buffer = torch.zeros((2, P, L, S, H, D), dtype=dtype, device=device).permute(0, 2, 1, 3, 4, 5)
+        self._k_buffer = self._kv_buffer[0]
+        self._v_buffer = self._kv_buffer[1]
+
+    @property
+    def kv_buffer(self) -> torch.Tensor:
+        """The whole buffer as a layer-first view ``(2, layers, pages, page_size, heads, head_dim)``."""
+        return self._kv_buffer
+
+    @property
+    def head_range(self) -> range:
+        """The global KV heads this rank stores."""
+        return range(self.tp_rank * self.local_kv_heads, (self.tp_rank + 1) * self.local_kv_heads)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the one allocation in bytes, which is 2 * layers * pages * page_size * local heads * head_dim * itemsize."""
+        return self._kv_buffer.numel() * self._kv_buffer.element_size()
+
+    def k_cache(self, index: int) -> torch.Tensor:
+        return self._k_buffer[self._layer(index, "index")]
+
+    def v_cache(self, index: int) -> torch.Tensor:
+        return self._v_buffer[self._layer(index, "index")]
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+        layer = self._layer(layer_id, "layer_id")
+        store_cache(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v)
+
+    @property
+    def device(self) -> torch.device:
+        return self._kv_buffer.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._kv_buffer.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self._num_layers
+
+    def _layer(self, index: int, name: str) -> int:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ArgumentTypeError(f"{name} must be an int, got {type(index).__name__}")
+        if not 0 <= index < self._num_layers:
+            raise SlotIndexError(f"{name} must be in [0, {self._num_layers}), got {index}")
+        return index
+
+    def __repr__(self) -> str:
+        return (
+            f"MHAKVCache(layers={self._num_layers}, pages={self.num_pages}, page_size={self.page_size}, "
+            f"heads={self.local_kv_heads}/{self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"dtype={self.dtype}, layout={self.kv_layout.name}, device={self.device})"
+        )

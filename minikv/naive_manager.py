@@ -1,0 +1,61 @@
+"""``NaiveCacheManager``: the baseline that caches nothing.
+
+It satisfies the manager interface so the rest of the server runs unchanged,
+which makes it the control group: every prompt token is recomputed, nothing is
+ever kept, so there is nothing to lock and nothing to evict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ._validate import as_count, as_slot_indices, as_token_ids
+from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
+from .errors import ArgumentError, ArgumentTypeError
+
+
+@dataclass(frozen=True)
+class NaiveCacheHandle(BaseCacheHandle):
+    """The only handle this manager hands out has ``cached_len == 0``."""
+
+
+class NaiveCacheManager(BaseCacheManager):
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.page_size = 1
+        # One shared empty result, created once on the right device with the right dtype.
+        self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
+
+    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[NaiveCacheHandle, torch.Tensor]:
+        as_token_ids(input_ids)
+        return NaiveCacheHandle(0), self.empty_tensor
+
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        if not isinstance(handle, NaiveCacheHandle):
+            raise ArgumentTypeError(f"handle must be a NaiveCacheHandle, got {type(handle).__name__}")
+
+    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+        ids = as_token_ids(input_ids)
+        slots = as_slot_indices(indices, self.device)
+        if len(ids) != len(slots):
+            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
+        # "Everything is already cached": the caller frees indices[0:len], i.e. all of them.
+        return len(slots)
+
+    def evict(self, size: int) -> torch.Tensor:
+        if as_count(size, "size") == 0:
+            return self.empty_tensor
+        raise NotImplementedError("NaiveCacheManager caches nothing, so it has nothing to evict (size must be 0)")
+
+    def reset(self) -> torch.Tensor:
+        return self.empty_tensor
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(evictable_size=0, protected_size=0)
+
+    def check_integrity(self) -> None:
+        """Nothing is stored, so nothing can be inconsistent."""

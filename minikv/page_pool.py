@@ -1,0 +1,149 @@
+"""``PagePool``: the free list of KV pages, and allocation that evicts on demand.
+
+The manager decides what stays cached; the pool knows which pages nobody holds.
+Every slot is, at every moment, in exactly one of three places: free in the
+pool, owned by the cache manager's tree, or held by a running request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ._validate import as_count, as_positive
+from .base import BaseCacheManager
+from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError, SlotIndexError
+
+
+class PagePool:
+    """A fixed number of pages of ``page_size`` token slots each.
+
+    Slot ``s`` belongs to page ``s // page_size``. Allocation hands out whole
+    pages (lowest numbers first on a fresh pool) and returns one slot per token.
+    """
+
+    def __init__(self, num_pages: int, page_size: int = 1, device: torch.device | str = "cpu") -> None:
+        self.num_pages = as_positive(num_pages, "num_pages")
+        self.page_size = as_positive(page_size, "page_size")
+        self.device = torch.device(device)
+        # A stack whose top (the end) is the next page to hand out.
+        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
+        self._num_free = self.num_pages
+        self._page_is_free = np.ones(self.num_pages, dtype=bool)
+        self._offsets = np.arange(self.page_size, dtype=np.int64)
+        self.num_evicted_slots = 0
+        """Slots this pool has taken back from a cache manager through eviction."""
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return self._num_free
+
+    @property
+    def num_free_slots(self) -> int:
+        return self._num_free * self.page_size
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.num_pages - self._num_free
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.page_size)
+
+    def free_slots(self) -> torch.Tensor:
+        """Every free slot, ascending (for accounting checks and drawings)."""
+        pages = np.flatnonzero(self._page_is_free)
+        return self._slots_of(pages, len(pages) * self.page_size)
+
+    def allocate(self, num_tokens: int, evict_from: BaseCacheManager | None = None) -> torch.Tensor:
+        """Slots for ``num_tokens`` tokens, as ``int32`` on the pool's device.
+
+        When free pages run short and ``evict_from`` is given, the shortfall is
+        evicted from that manager first. If even that cannot cover it, raises
+        :class:`~minikv.errors.OutOfSlotsError` and changes nothing.
+        """
+        num_tokens = as_count(num_tokens, "num_tokens")
+        if evict_from is not None and evict_from.page_size != self.page_size:
+            raise ArgumentError(
+                f"evict_from: manager page_size {evict_from.page_size} differs from the pool's {self.page_size}"
+            )
+        needed = self.pages_for(num_tokens)
+        if needed > self._num_free:
+            shortfall = (needed - self._num_free) * self.page_size
+            evictable = evict_from.size_info.evictable_size if evict_from is not None else 0
+            if evictable < shortfall:
+                raise OutOfSlotsError(
+                    f"num_tokens: {num_tokens} tokens need {needed} pages; {self._num_free} are free "
+                    f"and only {evictable} slots are evictable"
+                )
+            assert evict_from is not None
+            evicted = evict_from.evict(shortfall)
+            self.free(evicted)
+            self.num_evicted_slots += len(evicted)
+        top = self._num_free
+        pages = self._free_pages[top - needed : top][::-1].copy()
+        self._num_free = top - needed
+        self._page_is_free[pages] = False
+        return self._slots_of(pages, num_tokens)
+
+    def free(self, slots: torch.Tensor | Sequence[int]) -> None:
+        """Return the pages these slots belong to.
+
+        ``slots`` must be whole pages in order (the last one may be cut short),
+        as ``allocate``, ``match_prefix`` and ``evict`` produce them. Freeing a
+        page that is already free, or the same page twice, raises
+        :class:`~minikv.errors.DoubleFreeError` and frees nothing.
+        """
+        array = self._as_slot_array(slots)
+        if array.size == 0:
+            return
+        ps = self.page_size
+        starts = array[::ps]
+        if ps > 1:
+            if np.any(starts % ps):
+                raise ArgumentError("slots: each page must start at a multiple of page_size")
+            expected = (starts[:, None] + self._offsets).reshape(-1)[: array.size]
+            if not np.array_equal(expected, array):
+                raise ArgumentError("slots: must list whole pages, each page's slots in order")
+        pages = starts // ps
+        if np.unique(pages).size != pages.size:
+            raise DoubleFreeError("slots: the same page is listed twice")
+        already = pages[self._page_is_free[pages]]
+        if already.size:
+            raise DoubleFreeError(f"slots: page {int(already[0])} is already free")
+        top = self._num_free
+        self._free_pages[top : top + pages.size] = pages[::-1]
+        self._num_free = top + pages.size
+        self._page_is_free[pages] = True
+
+    def _as_slot_array(self, slots: torch.Tensor | Sequence[int]) -> np.ndarray:
+        if isinstance(slots, torch.Tensor):
+            if slots.dtype not in (torch.int32, torch.int64):
+                raise ArgumentTypeError(f"slots must be an int32 or int64 tensor, got {slots.dtype}")
+            if slots.dim() != 1:
+                raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
+            array = slots.detach().cpu().numpy().astype(np.int64, copy=False)
+        elif isinstance(slots, (list, tuple)):
+            array = np.asarray(slots, dtype=np.int64).reshape(-1)
+        else:
+            raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
+        if array.size and (array.min() < 0 or array.max() >= self.num_slots):
+            bad = int(array[(array < 0) | (array >= self.num_slots)][0])
+            raise SlotIndexError(f"slots: slot {bad} is outside [0, {self.num_slots})")
+        return array
+
+    def _slots_of(self, pages: np.ndarray, num_tokens: int) -> torch.Tensor:
+        if self.page_size == 1:
+            slots = pages[:num_tokens]
+        else:
+            slots = (pages[:, None] * self.page_size + self._offsets).reshape(-1)[:num_tokens]
+        return torch.from_numpy(slots.astype(np.int32)).to(self.device)
+
+    def __repr__(self) -> str:
+        return f"PagePool(num_pages={self.num_pages}, page_size={self.page_size}, free_pages={self._num_free})"

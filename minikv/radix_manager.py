@@ -1,0 +1,419 @@
+"""``RadixCacheManager``: share KV slots between requests whose prompts share a prefix.
+
+Read this file beside chapter 5. The order is the order of the chapter:
+the node (``RadixTreeNode``, ``get_match_len``, ``_split_at``), the handle, then the
+manager (``_walk``, ``match_prefix``, ``insert_prefix``, ``lock_handle``, ``evict``,
+``reset``, ``size_info``, ``check_integrity``).
+
+Where this differs from the code the notes study (mini-sglang's old
+``radix_manager.py``), it is on purpose:
+
+* stored keys and values are copies, never views of the caller's tensors;
+* time is a logical clock, so runs are reproducible;
+* evict keeps a heap of evictable leaves up to date instead of scanning the
+  whole tree on every call;
+* unlock, evict and reset check their preconditions and raise clear errors
+  before touching anything; ``check_integrity`` really checks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._validate import as_count, as_positive, as_slot_indices, as_token_ids
+from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    EvictionError,
+    IntegrityError,
+    LockError,
+    StaleHandleError,
+)
+
+ChildKey = int | tuple[int, ...]
+
+_node_ids = itertools.count()
+
+
+class RadixTreeNode:
+    """One edge of the radix tree: a run of tokens and the slots holding their KV.
+
+    ``children`` maps the first token of each child (the first *page* of tokens,
+    as a tuple, when ``page_size > 1``) to the child. ``ref_count`` is the
+    number of locks held on this node; ``timestamp`` is the logical time of its
+    last use, for LRU eviction.
+    """
+
+    __slots__ = ("children", "_parent", "ref_count", "uid", "timestamp", "_key", "_key_np", "_value", "_length")
+
+    def __init__(self, timestamp: int = 0) -> None:
+        self.children: dict[ChildKey, RadixTreeNode] = {}
+        self._parent: RadixTreeNode | None = None
+        self.ref_count: int = 0
+        self.uid: int = next(_node_ids)
+        self.timestamp: int = timestamp
+        self._key: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self._key_np: np.ndarray = self._key.numpy()
+        self._value: torch.Tensor = torch.empty(0, dtype=torch.int32)
+        self._length: int = 0
+
+    @property
+    def key(self) -> torch.Tensor:
+        """The token ids of this edge (CPU, int64)."""
+        return self._key
+
+    @property
+    def value(self) -> torch.Tensor:
+        """The slot indices holding those tokens' KV (int32, on the manager's device)."""
+        return self._value
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def parent(self) -> RadixTreeNode | None:
+        return self._parent
+
+    def set_key_value(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        if len(key) != len(value):
+            raise ArgumentError(f"key has {len(key)} tokens but value has {len(value)} slots")
+        self._key = key
+        self._key_np = key.numpy()
+        self._value = value
+        self._length = len(key)
+
+    def set_parent(self, parent: RadixTreeNode, page_size: int = 1) -> None:
+        self._parent = parent
+        parent.children[child_key(self._key_np, page_size)] = self
+
+    def is_root(self) -> bool:
+        return self._parent is None
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def get_match_len(self, input_ids: np.ndarray) -> int:
+        """How many leading tokens of ``input_ids`` equal this node's key."""
+        return match_len(self._key_np, input_ids)
+
+    def _split_at(self, pos: int, page_size: int = 1) -> RadixTreeNode:
+        """Cut this node after ``pos`` tokens; return the new upper node.
+
+        The upper node takes the first ``pos`` tokens and slots and this node's
+        place under the parent; this node keeps the rest and hangs below it.
+        ``ref_count`` and ``timestamp`` are copied: every lock and every use of
+        this node covered both halves. Handles that point at this node stay
+        valid, since it still ends where it ended.
+        """
+        if not 0 < pos < self._length:
+            raise ArgumentError(f"pos must be in (0, {self._length}), got {pos}")
+        parent = self._parent
+        assert parent is not None, "the root is never split"
+        upper = RadixTreeNode(self.timestamp)
+        upper.set_key_value(self._key[:pos], self._value[:pos])
+        upper.ref_count = self.ref_count
+        upper.set_parent(parent, page_size)  # replaces self in parent.children
+        self.set_key_value(self._key[pos:], self._value[pos:])
+        self.set_parent(upper, page_size)
+        return upper
+
+    def __repr__(self) -> str:
+        if self.is_root():
+            return "RadixTreeNode(root)"
+        shown = self._key_np[:6].tolist()
+        more = "..." if self._length > 6 else ""
+        return f"RadixTreeNode(key={shown}{more}, len={self._length}, ref={self.ref_count}, t={self.timestamp})"
+
+
+def child_key(key: np.ndarray, page_size: int) -> ChildKey:
+    """The dict key a node is filed under in its parent: first token, or first page."""
+    if page_size == 1:
+        return int(key[0])
+    return tuple(key[:page_size].tolist())
+
+
+def match_len(key: np.ndarray, input_ids: np.ndarray) -> int:
+    """Length of the common prefix of two token arrays, without a Python loop per token."""
+    n = min(len(key), len(input_ids))
+    if n == 0:
+        return 0
+    if key[:n].tobytes() == input_ids[:n].tobytes():
+        return n
+    return int(np.argmin(key[:n] == input_ids[:n]))
+
+
+@dataclass(frozen=True)
+class RadixCacheHandle(BaseCacheHandle):
+    """A matched prefix: its length and the deepest node it reaches."""
+
+    node: RadixTreeNode
+
+
+class RadixCacheManager(BaseCacheManager):
+    """Prefix cache as a radix tree over token ids, with LRU eviction of unlocked leaves."""
+
+    def __init__(self, device: torch.device | str = "cpu", page_size: int = 1) -> None:
+        self.device = torch.device(device)
+        self.page_size = as_positive(page_size, "page_size")
+        self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
+        self.root_node = RadixTreeNode()
+        self.root_node.ref_count = 1  # the root is always protected and never evicted
+        self.evictable_size = 0
+        self.protected_size = 0
+        self._clock = 0
+        # Min-heap of (timestamp, uid, node) over evictable leaves. Entries go
+        # stale when a node is used, locked, gains a child or is evicted; stale
+        # entries are skipped when popped and purged when they pile up.
+        self._evictable_leaves: list[tuple[int, int, RadixTreeNode]] = []
+        self._num_nodes = 0
+
+    # -- walking the tree -------------------------------------------------
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _walk(self, input_ids: np.ndarray) -> tuple[RadixTreeNode, int]:
+        """Descend from the root along ``input_ids``; return the deepest node reached and the matched length.
+
+        A match that ends inside a node splits it so that the match ends on a
+        node boundary. Every node on the matched path gets the current time.
+        With ``page_size > 1`` matching goes a whole page at a time.
+        """
+        page_size = self.page_size
+        now = self._tick()
+        node = self.root_node
+        prefix_len = 0
+        total = len(input_ids) - len(input_ids) % page_size
+        while prefix_len < total:
+            child = node.children.get(child_key(input_ids[prefix_len:], page_size))
+            if child is None:
+                break
+            node = child
+            matched = node.get_match_len(input_ids[prefix_len:total])
+            matched -= matched % page_size
+            prefix_len += matched
+            if matched != node.length:
+                node = node._split_at(matched, page_size)
+                self._num_nodes += 1
+                node.timestamp = now
+                break
+            self._touch(node, now)
+        self._maybe_compact()
+        return node, prefix_len
+
+    def _touch(self, node: RadixTreeNode, now: int) -> None:
+        node.timestamp = now
+        if node.ref_count == 0 and not node.children:
+            heapq.heappush(self._evictable_leaves, (now, node.uid, node))
+
+    # -- the public interface ----------------------------------------------
+
+    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[RadixCacheHandle, torch.Tensor]:
+        node, prefix_len = self._walk(as_token_ids(input_ids))
+        if prefix_len == 0:
+            return RadixCacheHandle(0, node), self.empty_tensor
+        return RadixCacheHandle(prefix_len, node), torch.cat([n._value for n in _path_to_root(node)][::-1])
+
+    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+        ids = as_token_ids(input_ids)
+        slots = as_slot_indices(indices, self.device)
+        if len(ids) != len(slots):
+            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
+        insert_len = len(ids) - len(ids) % self.page_size
+        node, prefix_len = self._walk(ids[:insert_len])
+        if prefix_len < insert_len:
+            leaf = RadixTreeNode(self._clock)
+            # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
+            leaf.set_key_value(torch.from_numpy(ids[prefix_len:insert_len].copy()), slots[prefix_len:insert_len].clone())
+            leaf.set_parent(node, self.page_size)
+            self._num_nodes += 1
+            self.evictable_size += leaf.length
+            # The parent's heap entry, if it had one, is now stale: it has a child.
+            heapq.heappush(self._evictable_leaves, (leaf.timestamp, leaf.uid, leaf))
+        return prefix_len
+
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        node = self._node_of(handle)
+        if node is self.root_node:
+            return
+        path = list(_path_to_root(node))
+        if unlock:
+            unlocked = next((n for n in path if n.ref_count <= 0), None)
+            if unlocked is not None:
+                raise LockError(f"handle: cannot unlock, {unlocked!r} on its path is not locked")
+            for n in path:
+                n.ref_count -= 1
+                if n.ref_count == 0:
+                    self.protected_size -= n.length
+                    self.evictable_size += n.length
+                    if not n.children:
+                        heapq.heappush(self._evictable_leaves, (n.timestamp, n.uid, n))
+        else:
+            for n in path:
+                if n.ref_count == 0:
+                    self.evictable_size -= n.length
+                    self.protected_size += n.length
+                n.ref_count += 1
+
+    def evict(self, size: int) -> torch.Tensor:
+        size = as_count(size, "size")
+        if size == 0:
+            return self.empty_tensor
+        if size > self.evictable_size:
+            raise EvictionError(f"size: asked to evict {size} slots but only {self.evictable_size} are evictable")
+        evicted: list[torch.Tensor] = []
+        evicted_size = 0
+        heap = self._evictable_leaves
+        while evicted_size < size:
+            timestamp, _, node = heapq.heappop(heap)
+            if not self._is_evictable_leaf(node, timestamp):
+                continue
+            parent = node._parent
+            assert parent is not None
+            del parent.children[child_key(node._key_np, self.page_size)]
+            node._parent = None
+            self._num_nodes -= 1
+            self.evictable_size -= node.length
+            evicted_size += node.length
+            evicted.append(node._value)
+            if parent is not self.root_node and not parent.children and parent.ref_count == 0:
+                heapq.heappush(heap, (parent.timestamp, parent.uid, parent))
+        return torch.cat(evicted)
+
+    def reset(self) -> torch.Tensor:
+        if self.protected_size:
+            raise LockError(f"reset: {self.protected_size} slots are locked; unlock every handle first")
+        held = [n._value for n in self._nodes()]
+        self.root_node.children.clear()
+        self.evictable_size = 0
+        self._evictable_leaves.clear()
+        self._num_nodes = 0
+        return torch.cat(held) if held else self.empty_tensor
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(self.evictable_size, self.protected_size)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the tree, root excluded."""
+        return self._num_nodes
+
+    def check_integrity(self) -> None:
+        root = self.root_node
+        if root.ref_count != 1 or root.length != 0 or root._parent is not None:
+            raise IntegrityError("root", "the root must have ref_count 1, no tokens and no parent", root)
+        evictable = protected = count = 0
+        seen_slots: list[torch.Tensor] = []
+        heap_entries = {(t, uid) for t, uid, _ in self._evictable_leaves}
+        stack = [root]
+        while stack:
+            parent = stack.pop()
+            for key, node in parent.children.items():
+                count += 1
+                self._check_node(node, parent, key, heap_entries)
+                if node.ref_count == 0:
+                    evictable += node.length
+                else:
+                    protected += node.length
+                seen_slots.append(node._value)
+                stack.append(node)
+        if count != self._num_nodes:
+            raise IntegrityError("node count", f"counter says {self._num_nodes} nodes, the tree has {count}")
+        if evictable != self.evictable_size:
+            raise IntegrityError("evictable_size", f"counter is {self.evictable_size}, unlocked nodes hold {evictable}")
+        if protected != self.protected_size:
+            raise IntegrityError("protected_size", f"counter is {self.protected_size}, locked nodes hold {protected}")
+        if seen_slots:
+            all_slots = torch.cat(seen_slots)
+            unique = torch.unique(all_slots)
+            if len(unique) != len(all_slots):
+                counts = torch.bincount(all_slots.long().cpu())
+                dup = int(torch.argmax(counts))
+                owners = [n for n in self._nodes() if bool((n._value == dup).any())]
+                raise IntegrityError("slot held twice", f"slot {dup} is held by {len(owners)} nodes", owners[0])
+
+    def _check_node(
+        self, node: RadixTreeNode, parent: RadixTreeNode, key: ChildKey, heap_entries: set[tuple[int, int]]
+    ) -> None:
+        ps = self.page_size
+        if node._parent is not parent:
+            raise IntegrityError("parent link", f"listed under {parent!r} but its parent is {node._parent!r}", node)
+        if node.length == 0:
+            raise IntegrityError("empty node", "a non-root node must hold at least one token", node)
+        if len(node._key) != node.length or len(node._value) != node.length:
+            raise IntegrityError(
+                "key/value length", f"length {node.length}, key {len(node._key)}, value {len(node._value)}", node
+            )
+        if child_key(node._key_np, ps) != key:
+            raise IntegrityError("child key", f"filed under {key!r}, but its key starts {child_key(node._key_np, ps)!r}", node)
+        if node.ref_count < 0:
+            raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
+        if parent is not self.root_node and node.ref_count > parent.ref_count:
+            raise IntegrityError("lock covers path", f"ref_count {node.ref_count} > parent's {parent.ref_count}", node)
+        if parent is not self.root_node and node.timestamp > parent.timestamp:
+            raise IntegrityError("LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node)
+        if node._value.dtype != torch.int32 or node._value.device != self.device:
+            raise IntegrityError("value tensor", f"value must be int32 on {self.device}", node)
+        if bool((node._value < 0).any()):
+            raise IntegrityError("slot range", "negative slot index", node)
+        if ps > 1:
+            if node.length % ps:
+                raise IntegrityError("page alignment", f"length {node.length} is not a multiple of page_size {ps}", node)
+            pages = node._value.view(-1, ps).long()
+            offsets = torch.arange(ps, device=self.device)
+            if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
+                raise IntegrityError("page alignment", "slots do not form whole pages", node)
+        if node.ref_count == 0 and not node.children and (node.timestamp, node.uid) not in heap_entries:
+            raise IntegrityError("evictable leaves", "an evictable leaf is missing from the eviction heap", node)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _node_of(self, handle: BaseCacheHandle) -> RadixTreeNode:
+        if not isinstance(handle, RadixCacheHandle):
+            raise ArgumentTypeError(f"handle must be a RadixCacheHandle, got {type(handle).__name__}")
+        node = handle.node
+        if node is self.root_node:
+            return node
+        walker = node
+        while walker._parent is not None:
+            parent = walker._parent
+            if parent.children.get(child_key(walker._key_np, self.page_size)) is not walker:
+                raise StaleHandleError(f"handle: its node {node!r} is no longer in this tree")
+            walker = parent
+        if walker is not self.root_node:
+            raise StaleHandleError(f"handle: its node {node!r} is not in this manager's tree")
+        return node
+
+    def _is_evictable_leaf(self, node: RadixTreeNode, timestamp: int) -> bool:
+        return node._parent is not None and node.timestamp == timestamp and node.ref_count == 0 and not node.children
+
+    def _maybe_compact(self) -> None:
+        heap = self._evictable_leaves
+        if len(heap) > 2 * self._num_nodes + 64:
+            self._evictable_leaves = [e for e in heap if self._is_evictable_leaf(e[2], e[0])]
+            heapq.heapify(self._evictable_leaves)
+
+    def _nodes(self) -> Iterator[RadixTreeNode]:
+        """Every node but the root, parents before children."""
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:
+    """``node`` and its ancestors, root excluded, deepest first."""
+    while node._parent is not None:
+        yield node
+        node = node._parent
