@@ -1,0 +1,45 @@
+"""Execute notebooks in place and store their outputs, deterministically.
+
+    .venv/bin/python scripts/run_notebooks.py book/02_two_layers.ipynb [...]
+
+Each notebook runs with its own folder as the working directory, with a fixed
+hash seed, and without execution timestamps in the cell metadata, so that a
+re-run changes nothing that nbval compares. Cells tagged ``raises-exception``
+may raise; any other error stops the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    os.environ["PYTHONHASHSEED"] = "0"
+    client = NotebookClient(
+        nb, timeout=900, kernel_name="python3", record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )  # fmt: skip
+    client.execute()
+    text = nbformat.writes(nb)
+    for machine_path in {str(REPO), str(Path.home())}:
+        if machine_path in text:
+            raise SystemExit(f"{path}: stored outputs mention the machine path {machine_path!r}; hide or remove them")
+    path.write_text(text)
+    print(f"executed {path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    for arg in sys.argv[1:]:
+        run(Path(arg).resolve())
