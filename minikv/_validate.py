@@ -17,7 +17,10 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -> np.ndarray:
-    """Token ids as a 1-D int64 NumPy array on the CPU (the radix tree compares keys there)."""
+    """Token ids as a 1-D int64 NumPy array on the CPU (the radix tree compares keys there).
+
+    Any integer is a valid id: the tree only compares ids, it never indexes with them.
+    """
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES:
             raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
@@ -25,17 +28,15 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
             raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         array = value.detach().to("cpu", torch.int64).numpy()
     elif isinstance(value, np.ndarray):
-        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+        if value.ndim != 1 or value.dtype.kind not in "iu":
             raise ArgumentTypeError(f"{name} must be a 1-D integer array, got {value.dtype} {value.shape}")
-        array = value.astype(np.int64, copy=False)
+        array = value if value.dtype == np.int64 else value.astype(np.int64)
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
             raise ArgumentTypeError(f"{name} must contain only ints")
         array = np.asarray(value, dtype=np.int64).reshape(-1)
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
-    if array.size and array.min() < 0:
-        raise ArgumentError(f"{name} must not contain negative token ids")
     return array
 
 

@@ -29,10 +29,12 @@ class PagePool:
         self.page_size = as_positive(page_size, "page_size")
         self.device = torch.device(device)
         # A stack whose top (the end) is the next page to hand out.
-        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
+        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.int32)
         self._num_free = self.num_pages
         self._page_is_free = np.ones(self.num_pages, dtype=bool)
-        self._offsets = np.arange(self.page_size, dtype=np.int64)
+        self._offsets = np.arange(self.page_size, dtype=np.int32)
+        # Scratch space to find a page listed twice in one free() in O(n), without sorting.
+        self._last_position = np.zeros(self.num_pages, dtype=np.int64)
         self.num_evicted_slots = 0
         """Slots this pool has taken back from a cache manager through eviction."""
 
@@ -86,6 +88,8 @@ class PagePool:
             evicted = evict_from.evict(shortfall)
             self.free(evicted)
             self.num_evicted_slots += len(evicted)
+        if needed == 0:
+            return self._slots_of(self._free_pages[:0], 0)
         top = self._num_free
         pages = self._free_pages[top - needed : top][::-1].copy()
         self._num_free = top - needed
@@ -100,9 +104,9 @@ class PagePool:
         page that is already free, or the same page twice, raises
         :class:`~minikv.errors.DoubleFreeError` and frees nothing.
         """
-        array = self._as_slot_array(slots)
-        if array.size == 0:
+        if isinstance(slots, torch.Tensor) and slots.dim() == 1 and slots.shape[0] == 0:
             return
+        array = self._as_slot_array(slots)
         ps = self.page_size
         starts = array[::ps]
         if ps > 1:
@@ -111,8 +115,10 @@ class PagePool:
             expected = (starts[:, None] + self._offsets).reshape(-1)[: array.size]
             if not np.array_equal(expected, array):
                 raise ArgumentError("slots: must list whole pages, each page's slots in order")
-        pages = starts // ps
-        if np.unique(pages).size != pages.size:
+        pages = starts // ps if ps > 1 else starts
+        positions = np.arange(pages.size)
+        self._last_position[pages] = positions  # a repeated page keeps only its last position
+        if not np.array_equal(self._last_position[pages], positions):
             raise DoubleFreeError("slots: the same page is listed twice")
         already = pages[self._page_is_free[pages]]
         if already.size:
@@ -128,12 +134,12 @@ class PagePool:
                 raise ArgumentTypeError(f"slots must be an int32 or int64 tensor, got {slots.dtype}")
             if slots.dim() != 1:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
-            array = slots.detach().cpu().numpy().astype(np.int64, copy=False)
+            array = slots.detach().cpu().numpy()
         elif isinstance(slots, (list, tuple)):
             array = np.asarray(slots, dtype=np.int64).reshape(-1)
         else:
             raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
-        if array.size and (array.min() < 0 or array.max() >= self.num_slots):
+        if array.min() < 0 or array.max() >= self.num_slots:
             bad = int(array[(array < 0) | (array >= self.num_slots)][0])
             raise SlotIndexError(f"slots: slot {bad} is outside [0, {self.num_slots})")
         return array
@@ -143,7 +149,8 @@ class PagePool:
             slots = pages[:num_tokens]
         else:
             slots = (pages[:, None] * self.page_size + self._offsets).reshape(-1)[:num_tokens]
-        return torch.from_numpy(slots.astype(np.int32)).to(self.device)
+        tensor = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
 
     def __repr__(self) -> str:
         return f"PagePool(num_pages={self.num_pages}, page_size={self.page_size}, free_pages={self._num_free})"

@@ -40,6 +40,10 @@ from .errors import (
 ChildKey = int | tuple[int, ...]
 
 _node_ids = itertools.count()
+# Shared by every node before set_key_value (and by the root forever): never written to.
+_EMPTY_KEY = torch.empty(0, dtype=torch.int64)
+_EMPTY_KEY_NP = _EMPTY_KEY.numpy()
+_EMPTY_VALUE = torch.empty(0, dtype=torch.int32)
 
 
 class RadixTreeNode:
@@ -59,9 +63,9 @@ class RadixTreeNode:
         self.ref_count: int = 0
         self.uid: int = next(_node_ids)
         self.timestamp: int = timestamp
-        self._key: torch.Tensor = torch.empty(0, dtype=torch.int64)
-        self._key_np: np.ndarray = self._key.numpy()
-        self._value: torch.Tensor = torch.empty(0, dtype=torch.int32)
+        self._key: torch.Tensor = _EMPTY_KEY
+        self._key_np: np.ndarray = _EMPTY_KEY_NP
+        self._value: torch.Tensor = _EMPTY_VALUE
         self._length: int = 0
 
     @property
@@ -83,12 +87,13 @@ class RadixTreeNode:
         return self._parent
 
     def set_key_value(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        if len(key) != len(value):
-            raise ArgumentError(f"key has {len(key)} tokens but value has {len(value)} slots")
+        length = key.shape[0]
+        if length != value.shape[0]:
+            raise ArgumentError(f"key has {length} tokens but value has {value.shape[0]} slots")
         self._key = key
         self._key_np = key.numpy()
         self._value = value
-        self._length = len(key)
+        self._length = length
 
     def set_parent(self, parent: RadixTreeNode, page_size: int = 1) -> None:
         self._parent = parent
@@ -194,7 +199,8 @@ class RadixCacheManager(BaseCacheManager):
         prefix_len = 0
         total = len(input_ids) - len(input_ids) % page_size
         while prefix_len < total:
-            child = node.children.get(child_key(input_ids[prefix_len:], page_size))
+            first = int(input_ids[prefix_len]) if page_size == 1 else tuple(input_ids[prefix_len : prefix_len + page_size].tolist())
+            child = node.children.get(first)
             if child is None:
                 break
             node = child
@@ -226,8 +232,8 @@ class RadixCacheManager(BaseCacheManager):
     def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
         ids = as_token_ids(input_ids)
         slots = as_slot_indices(indices, self.device)
-        if len(ids) != len(slots):
-            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
+        if len(ids) != slots.shape[0]:
+            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {slots.shape[0]} slots")
         insert_len = len(ids) - len(ids) % self.page_size
         node, prefix_len = self._walk(ids[:insert_len])
         if prefix_len < insert_len:
