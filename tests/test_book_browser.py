@@ -1,0 +1,138 @@
+"""The built book, as a reader sees it: every page in headless Chromium.
+
+`make test` builds the book before running pytest; run alone, this module builds it
+if `_build/html` is missing. Debian's Chromium is driven through Playwright for
+Python with the system browser (no browser download).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+HTML = REPO / "_build" / "html"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+MACHINE_PATHS = re.compile(r"(/work/|/root/|/home/\w+/|site-packages|/tmp/)")
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/setup.sh --browser)")
+
+
+def toc_pages() -> list[str]:
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [chapter["file"] for chapter in part["chapters"]]
+    return pages
+
+
+def notebook_pages() -> list[str]:
+    return [page for page in toc_pages() if (REPO / f"{page}.ipynb").exists()]
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[str]:
+    if not (HTML / "index.html").exists():
+        subprocess.run(
+            [sys.executable, "-m", "jupyter_book", "build", str(REPO), "-q"], check=True, cwd=REPO
+        )  # pragma: no cover - `make test` builds first
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    tab = context.new_page()
+    yield tab
+    context.close()
+
+
+@pytest.mark.parametrize("name", toc_pages())
+def test_page_loads_with_title_images_and_no_leaks(page, site: str, name: str) -> None:
+    response = page.goto(f"{site}/{name}.html", wait_until="load")
+    assert response is not None and response.ok, f"{name}: HTTP {response and response.status}"
+    heading = page.locator("main h1").first
+    assert heading.inner_text().strip(), f"{name}: no title"
+    broken = page.evaluate(
+        """() => [...document.querySelectorAll('main img')]
+                 .filter(img => !(img.complete && img.naturalWidth > 0))
+                 .map(img => img.getAttribute('src'))"""
+    )
+    assert broken == [], f"{name}: broken images {broken}"
+    text = page.locator("main").inner_text()
+    assert "Traceback (most recent call last)" not in text, f"{name}: shows a traceback"
+    leak = MACHINE_PATHS.search(text)
+    assert leak is None, f"{name}: shows a machine path near {text[max(0, leak.start() - 60) : leak.end() + 60]!r}"
+
+
+@pytest.mark.parametrize("name", notebook_pages())
+def test_colab_link_points_at_the_notebook_on_main(page, site: str, name: str) -> None:
+    page.goto(f"{site}/{name}.html", wait_until="load")
+    hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "links => links.map(a => a.href)")
+    assert hrefs, f"{name}: no Colab launch link"
+    assert all(href.endswith(f"/blob/main/{name}.ipynb") for href in hrefs), hrefs
+
+
+@pytest.mark.parametrize("name", toc_pages())
+def test_players_render_and_dropdown_answers_open(page, site: str, name: str) -> None:
+    page.goto(f"{site}/{name}.html", wait_until="load")
+    players = page.locator("main [data-minikv-player]")
+    for i in range(players.count()):
+        player = players.nth(i)
+        player.scroll_into_view_if_needed()
+        assert player.get_attribute("data-ready") == "1", f"{name}: player {i} did not start"
+        visible_svgs = player.locator("svg:visible")
+        assert visible_svgs.count() >= 1, f"{name}: player {i} shows no frame"
+    dropdowns = page.locator("main .admonition.dropdown")
+    for i in range(dropdowns.count()):
+        dropdown = dropdowns.nth(i)
+        body = dropdown.locator(":scope > :not(.admonition-title):not(button)").first
+        if body.count() == 0:
+            continue
+        dropdown.scroll_into_view_if_needed()
+        assert not body.is_visible(), f"{name}: answer {i} is visible before it is opened"
+        dropdown.locator(".admonition-title").first.click()
+        body.wait_for(state="visible", timeout=3000)
+
+
+def test_book_has_answers_and_players(page, site: str) -> None:
+    """The course promises hidden answers and tree players; make sure the pages really have them."""
+    answers = players = 0
+    for name in toc_pages():
+        page.goto(f"{site}/{name}.html", wait_until="load")
+        answers += page.locator("main .admonition.dropdown").count()
+        players += page.locator("main [data-minikv-player]").count()
+    assert answers >= 20, f"only {answers} dropdown answers in the whole book (20 challenges)"
+    assert players >= 1, "no tree player anywhere in the book"
