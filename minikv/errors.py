@@ -42,6 +42,14 @@ class EvictionError(MiniKVError, RuntimeError):
     """An eviction that cannot be satisfied, e.g. more than is evictable."""
 
 
+class EvictionUnsupportedError(EvictionError, NotImplementedError):
+    """The manager keeps nothing, so it cannot evict (``NaiveCacheManager.evict(n > 0)``).
+
+    Both an :class:`EvictionError` (the contract: evicting more than is evictable) and a
+    ``NotImplementedError`` (what mini-sglang raises here), so either ``except`` catches it.
+    """
+
+
 class OutOfSlotsError(MiniKVError, RuntimeError):
     """The page pool cannot supply the requested slots, even after eviction."""
 

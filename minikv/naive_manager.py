@@ -14,7 +14,7 @@ import torch
 
 from ._validate import as_count, as_slot_indices, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, EvictionUnsupportedError
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,9 @@ class NaiveCacheManager(BaseCacheManager):
     def evict(self, size: int) -> torch.Tensor:
         if as_count(size, "size") == 0:
             return self.empty_tensor
-        raise NotImplementedError("NaiveCacheManager caches nothing, so it has nothing to evict (size must be 0)")
+        raise EvictionUnsupportedError(
+            f"size: asked to evict {size} slots, but NaiveCacheManager caches nothing, so it has nothing to evict"
+        )
 
     def reset(self) -> torch.Tensor:
         return self.empty_tensor
