@@ -28,13 +28,15 @@ class PagePool:
         self.num_pages = as_positive(num_pages, "num_pages")
         self.page_size = as_positive(page_size, "page_size")
         self.device = torch.device(device)
+        # Page numbers are kept as np.intp: NumPy indexes with intp several times
+        # faster than with int32, and every free() and allocate() indexes with them.
         # A stack whose top (the end) is the next page to hand out.
-        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.int32)
+        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.intp)
         self._num_free = self.num_pages
         self._page_is_free = np.ones(self.num_pages, dtype=bool)
-        self._offsets = np.arange(self.page_size, dtype=np.int32)
+        self._offsets = np.arange(self.page_size, dtype=np.intp)
         # Scratch space to find a page listed twice in one free() in O(n), without sorting.
-        self._last_position = np.zeros(self.num_pages, dtype=np.int64)
+        self._last_position = np.zeros(self.num_pages, dtype=np.intp)
         self.num_evicted_slots = 0
         """Slots this pool has taken back from a cache manager through eviction."""
 
@@ -91,7 +93,7 @@ class PagePool:
         if needed == 0:
             return self._slots_of(self._free_pages[:0], 0)
         top = self._num_free
-        pages = self._free_pages[top - needed : top][::-1].copy()
+        pages = self._free_pages[top - needed : top][::-1]  # a view: _slots_of copies before the stack changes
         self._num_free = top - needed
         self._page_is_free[pages] = False
         return self._slots_of(pages, num_tokens)
@@ -104,42 +106,47 @@ class PagePool:
         page that is already free, or the same page twice, raises
         :class:`~minikv.errors.DoubleFreeError` and frees nothing.
         """
-        if isinstance(slots, torch.Tensor) and slots.dim() == 1 and slots.shape[0] == 0:
-            return
         array = self._as_slot_array(slots)
+        num = array.size
+        if num == 0:
+            return
         ps = self.page_size
-        starts = array[::ps]
-        if ps > 1:
-            if np.any(starts % ps):
-                raise ArgumentError("slots: each page must start at a multiple of page_size")
-            expected = (starts[:, None] + self._offsets).reshape(-1)[: array.size]
-            if not np.array_equal(expected, array):
+        if ps == 1:
+            pages = array
+        else:
+            pages = array[::ps] // ps
+            expected = (pages[:, None] * ps + self._offsets).reshape(-1)[:num]
+            if expected.tobytes() != array.tobytes():  # one memcmp on the happy path
+                if np.any(array[::ps] % ps):
+                    raise ArgumentError("slots: each page must start at a multiple of page_size")
                 raise ArgumentError("slots: must list whole pages, each page's slots in order")
-        pages = starts // ps if ps > 1 else starts
-        positions = np.arange(pages.size)
-        self._last_position[pages] = positions  # a repeated page keeps only its last position
-        if not np.array_equal(self._last_position[pages], positions):
+        positions = np.arange(pages.size, dtype=np.intp)
+        last_position = self._last_position
+        last_position[pages] = positions  # a repeated page keeps only its last position
+        if last_position[pages].tobytes() != positions.tobytes():
             raise DoubleFreeError("slots: the same page is listed twice")
-        already = pages[self._page_is_free[pages]]
-        if already.size:
-            raise DoubleFreeError(f"slots: page {int(already[0])} is already free")
+        was_free = self._page_is_free[pages]
+        if np.count_nonzero(was_free):  # three times cheaper than .any() at these sizes
+            raise DoubleFreeError(f"slots: page {int(pages[was_free][0])} is already free")
         top = self._num_free
         self._free_pages[top : top + pages.size] = pages[::-1]
         self._num_free = top + pages.size
         self._page_is_free[pages] = True
 
     def _as_slot_array(self, slots: torch.Tensor | Sequence[int]) -> np.ndarray:
+        """The slots as a fresh 1-D ``np.intp`` array, each checked to lie in ``[0, num_slots)``."""
         if isinstance(slots, torch.Tensor):
             if slots.dtype not in (torch.int32, torch.int64):
                 raise ArgumentTypeError(f"slots must be an int32 or int64 tensor, got {slots.dtype}")
             if slots.dim() != 1:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
-            array = slots.detach().cpu().numpy()
+            array = slots.cpu().numpy().astype(np.intp)  # integer tensors never carry autograd history
         elif isinstance(slots, (list, tuple)):
-            array = np.asarray(slots, dtype=np.int64).reshape(-1)
+            array = np.asarray(slots, dtype=np.intp).reshape(-1)
         else:
             raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
-        if array.min() < 0 or array.max() >= self.num_slots:
+        # Seen as unsigned, a negative slot is huge: one max() checks both ends.
+        if array.size and array.view(np.uintp).max() >= self.num_slots:
             bad = int(array[(array < 0) | (array >= self.num_slots)][0])
             raise SlotIndexError(f"slots: slot {bad} is outside [0, {self.num_slots})")
         return array

@@ -10,6 +10,9 @@ the benchmarks replay three shapes of it:
 * :func:`few_shot` -- an instruction template, a few example blocks drawn from
   a fixed pool, then a question (sharing branches at every example).
 
+Lengths given as ``(low, high)`` are drawn uniformly from that inclusive range
+each time one is needed; a plain int is a fixed length.
+
 Every generator returns a ``list`` of 1-D ``numpy.int64`` arrays, one per
 request, in arrival order. NumPy rather than torch because that is what the
 managers compare keys in; every manager accepts these arrays as they are.
@@ -30,15 +33,11 @@ import numpy as np
 from ._validate import as_count, as_positive, as_token_ids
 from .errors import ArgumentError, ArgumentTypeError
 
-LengthSpec = int | tuple[int, int]
-"""A fixed length, or an inclusive ``(low, high)`` range drawn uniformly per use."""
-
-
 def shared_system_prompt(
     num_requests: int,
     num_prompts: int = 4,
     prompt_len: int = 480,
-    question_len: LengthSpec = (96, 144),
+    question_len: int | tuple[int, int] = (96, 144),
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[np.ndarray]:
@@ -63,8 +62,8 @@ def multi_turn_chat(
     num_conversations: int,
     turns: int = 6,
     system_len: int = 100,
-    user_len: LengthSpec = (20, 80),
-    answer_len: LengthSpec = (50, 200),
+    user_len: int | tuple[int, int] = (20, 80),
+    answer_len: int | tuple[int, int] = (50, 200),
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[np.ndarray]:
@@ -108,8 +107,8 @@ def few_shot(
     template_len: int = 60,
     num_examples: int = 8,
     shots: int = 3,
-    example_len: LengthSpec = (80, 120),
-    question_len: LengthSpec = (30, 60),
+    example_len: int | tuple[int, int] = (80, 120),
+    question_len: int | tuple[int, int] = (30, 60),
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[np.ndarray]:
