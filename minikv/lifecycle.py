@@ -57,7 +57,8 @@ class Request:
     """Slots evicted from the cache to make room for this request."""
     already_cached: int | None = None
     """What ``insert_prefix`` returned at finish (``None`` while running)."""
-    trace: list[Step] = field(default_factory=list)
+    _events: list[tuple[int, ...]] = field(default_factory=list, repr=False)
+    """``(step number, numbers...)`` per step taken; :attr:`trace` words them only when asked."""
 
     @property
     def cached_len(self) -> int:
@@ -67,9 +68,36 @@ class Request:
     def finished(self) -> bool:
         return self.already_cached is not None
 
+    @property
+    def trace(self) -> list[Step]:
+        """The steps taken so far, in order, for the book's timeline.
+
+        Recorded as bare numbers and put into words here: formatting six
+        sentences per request would cost more than the bookkeeping they describe.
+        """
+        return [Step(event[0], *_WORDING[event[0]](*event[1:])) for event in self._events]
+
     def own_slots(self) -> torch.Tensor:
         """The slots this request allocated itself (it must free or hand them over)."""
         return self.indices[self.cached_len :]
+
+
+def _freed(duplicates: int, tail: int) -> tuple[str, str]:
+    partial = f" and a {tail}-token partial page" if tail else ""
+    return "free", f"freed {duplicates} duplicate slots{partial}"
+
+
+_WORDING: dict[int, Callable[..., tuple[str, str]]] = {
+    1: lambda cached, total: ("match_prefix", f"{cached} of {total} tokens cached"),
+    2: lambda cached: ("lock_handle", f"protected {cached} cached tokens"),
+    3: lambda new, evicted: ("allocate", f"{new} new slots" + (f", after evicting {evicted}" if evicted else "")),
+    6: lambda tokens, layers: (
+        ("store_kv", f"{tokens} tokens x {layers} layers") if tokens else ("store_kv", "nothing to store: every token was cached")
+    ),
+    4: lambda already: ("insert_prefix", f"{already} tokens were already cached"),
+    5: _freed,
+    7: lambda cached: ("unlock", f"released {cached} cached tokens"),
+}
 
 
 def admit(manager: BaseCacheManager, pool: PagePool, input_ids: torch.Tensor | Sequence[int]) -> Request:
@@ -83,33 +111,32 @@ def admit(manager: BaseCacheManager, pool: PagePool, input_ids: torch.Tensor | S
         raise ArgumentError(f"pool: page_size {pool.page_size} differs from the manager's {manager.page_size}")
     ids = as_token_ids(input_ids)
     handle, matched = manager.match_prefix(ids)
-    trace = [Step(1, "match_prefix", f"{handle.cached_len} of {len(ids)} tokens cached")]
+    cached = handle.cached_len
     manager.lock_handle(handle)
-    trace.append(Step(2, "lock_handle", f"protected {handle.cached_len} cached tokens"))
     evicted_before = pool.num_evicted_slots
     try:
-        new_slots = pool.allocate(len(ids) - handle.cached_len, evict_from=manager)
+        new_slots = pool.allocate(len(ids) - cached, evict_from=manager)
     except BaseException:
         manager.lock_handle(handle, unlock=True)
         raise
     evicted = pool.num_evicted_slots - evicted_before
-    trace.append(Step(3, "allocate", f"{len(new_slots)} new slots" + (f", after evicting {evicted}" if evicted else "")))
-    indices = torch.cat([matched, new_slots]) if len(matched) else new_slots
-    return Request(ids, handle, indices, evicted, None, trace)
+    indices = torch.cat([matched, new_slots]) if cached else new_slots
+    events = [(1, cached, len(ids)), (2, cached), (3, len(ids) - cached, evicted)]
+    return Request(ids, handle, indices, evicted, None, events)
 
 
 def store(request: Request, kv_cache: BaseKVCache, kv_fn: KVFunction) -> None:
     """Step 6: write K/V of the uncached tokens into the request's own slots, layer by layer."""
     start = request.cached_len
     if start == len(request.input_ids):
-        request.trace.append(Step(6, "store_kv", "nothing to store: every token was cached"))
+        request._events.append((6, 0, kv_cache.num_layers))
         return
     ids = torch.from_numpy(request.input_ids)
     out_loc = request.own_slots()
     for layer in range(kv_cache.num_layers):
         k, v = kv_fn(layer, ids, start)
         kv_cache.store_kv(k, v, out_loc, layer)
-    request.trace.append(Step(6, "store_kv", f"{len(out_loc)} tokens x {kv_cache.num_layers} layers"))
+    request._events.append((6, len(out_loc), kv_cache.num_layers))
 
 
 def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
@@ -117,17 +144,17 @@ def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
     if request.finished:
         raise LockError("request: already finished")
     already = manager.insert_prefix(request.input_ids, request.indices)
-    request.trace.append(Step(4, "insert_prefix", f"{already} tokens were already cached"))
-    duplicates = request.indices[request.cached_len : already]
-    inserted_end = len(request.input_ids) - len(request.input_ids) % manager.page_size
-    tail = request.indices[max(inserted_end, request.cached_len) :]
-    pool.free(duplicates)
-    pool.free(tail)
-    request.trace.append(
-        Step(5, "free", f"freed {len(duplicates)} duplicate slots" + (f" and a {len(tail)}-token partial page" if len(tail) else ""))
-    )
+    cached, total = request.cached_len, len(request.input_ids)
+    # Slots the tree did not take: duplicates of what another request inserted
+    # meanwhile, and the partial last page that page-aligned insertion leaves out.
+    duplicates = max(already - cached, 0)
+    if duplicates:
+        pool.free(request.indices[cached:already])
+    tail_start = max(total - total % manager.page_size, cached)
+    if tail_start < total:
+        pool.free(request.indices[tail_start:])
     manager.lock_handle(request.handle, unlock=True)
-    request.trace.append(Step(7, "unlock", f"released {request.cached_len} cached tokens"))
+    request._events += [(4, already), (5, duplicates, total - tail_start), (7, cached)]
     request.already_cached = already
     return already
 
@@ -140,10 +167,11 @@ def serve(
     kv_fn: KVFunction | None = None,
 ) -> Request:
     """Run one request start to finish: admit, store (when a KV cache is given), finish."""
+    if kv_cache is not None and kv_fn is None:
+        # Checked before admit: afterwards the request would hold slots and a lock.
+        raise ArgumentError("kv_fn: required when kv_cache is given")
     request = admit(manager, pool, input_ids)
     if kv_cache is not None:
-        if kv_fn is None:
-            raise ArgumentError("kv_fn: required when kv_cache is given")
         store(request, kv_cache, kv_fn)
     finish(manager, pool, request)
     return request
