@@ -1,0 +1,339 @@
+"""``TreeRecorder``: a manager that records a frame of the tree after every operation.
+
+How it observes the manager: it is a *proxy*. It stands in front of a real
+:class:`~minikv.RadixCacheManager`, forwards each call unchanged (same
+arguments, same return value, same exception), and around the call it takes a
+content-only snapshot of the tree before and after. The manager's code is not
+edited, patched or subclassed, so recording cannot change what the manager does;
+it only costs a walk over the tree per call.
+
+Because the proxy is itself a :class:`~minikv.BaseCacheManager`, it can be
+passed wherever a manager is expected -- :func:`minikv.lifecycle.admit`,
+:func:`~minikv.lifecycle.finish`, :meth:`minikv.PagePool.allocate`'s
+``evict_from`` -- and every call those make is recorded too::
+
+    rec = TreeRecorder(RadixCacheManager(), vocab, pool=pool)
+    request = admit(rec, pool, ids)      # frames: match, lock (and evict, if the pool was short)
+    finish(rec, pool, request)           # frames: insert, unlock
+    rec.player()                         # step through them
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base import BaseCacheHandle, BaseCacheManager, SizeInfo
+from ..errors import ArgumentError, ArgumentTypeError
+from .player import FramePlayer, PlayerFrame
+from .tree import TreeChanges, TreeDrawing, TreeSnapshot, VocabLike, diff_snapshots, draw_snapshot, token_namer, words
+
+Described = tuple[str, Sequence[int]]
+"""A caption, and the token prefix the operation matched (its nodes are drawn as the walked path)."""
+
+CAPTION_TOKENS = 12
+"""Captions show at most this many tokens of a sequence, then "… (+N)"."""
+
+
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """The tree right after one operation, with a caption in words and what the operation changed."""
+
+    index: int
+    operation: str
+    """``start``, ``match``, ``insert``, ``lock``, ``unlock``, ``evict``, ``reset`` or ``note``."""
+    caption: str
+    snapshot: TreeSnapshot
+    changes: TreeChanges
+    free_slots: int | None = None
+    """Free slots in the page pool, when the recorder was given one."""
+    error: str | None = None
+    """The exception the operation raised (the frame then shows the unchanged tree)."""
+    vocab: VocabLike = field(default=None, repr=False)
+    max_columns: int = field(default=8, repr=False)
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return self.snapshot.size_info
+
+    @cached_property
+    def drawing(self) -> TreeDrawing:
+        """The tree, with this operation's changes highlighted (built on first use)."""
+        return draw_snapshot(self.snapshot, self.vocab, changes=self.changes, max_columns=self.max_columns)
+
+    @property
+    def dot(self) -> str:
+        """The DOT source of :attr:`drawing`."""
+        return self.drawing.source
+
+    def svg(self) -> str:
+        return self.drawing.svg()
+
+    @property
+    def sizes_text(self) -> str:
+        """The frame's slot counts in words, as the player shows them."""
+        info = self.size_info
+        text = f"cached {info.total_size} slots: {info.protected_size} protected, {info.evictable_size} evictable"
+        if self.free_slots is not None:
+            text += f" · {self.free_slots} free in the pool"
+        return text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **_: Any) -> dict[str, str]:
+        return {"image/svg+xml": self.svg(), "text/plain": repr(self)}
+
+    def __repr__(self) -> str:
+        return f"<Frame {self.index}: {self.caption}>"
+
+
+class TreeRecorder(BaseCacheManager):
+    """A recording proxy around a radix-tree manager; see the module docstring.
+
+    ``vocab`` turns token ids into words in drawings and captions. ``pool``
+    (optional, a :class:`~minikv.PagePool`) adds its free-slot count to each
+    frame. ``frames[0]`` is the starting state; each manager call adds one.
+    """
+
+    def __init__(self, manager: BaseCacheManager, vocab: VocabLike = None, *, pool: Any = None, max_columns: int = 8):
+        if isinstance(manager, TreeRecorder):
+            raise ArgumentTypeError("manager: already a TreeRecorder; pass the manager it wraps")
+        TreeSnapshot.of(manager)  # raises ArgumentTypeError unless there is a tree to draw
+        self._namer = token_namer(vocab)
+        if pool is not None and not hasattr(pool, "num_free_slots"):
+            raise ArgumentTypeError(f"pool must be a PagePool (with num_free_slots), got {type(pool).__name__}")
+        if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
+            raise ArgumentError(f"max_columns must be a positive int, got {max_columns!r}")
+        self.manager = manager
+        self.vocab = vocab
+        self.pool = pool
+        self.max_columns = max_columns
+        self.frames: list[Frame] = []
+        self._label: str | None = None
+        start = TreeSnapshot.of(manager)
+        if start.num_nodes:
+            info = start.size_info
+            caption = f"start: {start.num_nodes} nodes hold {info.total_size} slots"
+        else:
+            caption = "start: the tree is empty"
+        self._append("start", caption, start, TreeChanges())
+
+    # -- forwarding ------------------------------------------------------------
+
+    @property
+    def page_size(self) -> int:  # type: ignore[override]
+        return self.manager.page_size
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return self.manager.size_info
+
+    def check_integrity(self) -> None:
+        self.manager.check_integrity()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes the proxy lacks (root_node, device, num_nodes, ...).
+        if name == "manager" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.manager, name)
+
+    # -- recorded operations -----------------------------------------------------
+
+    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[BaseCacheHandle, torch.Tensor]:
+        ids = _token_list(input_ids)
+        head = f"match [{self._words(ids)}]"
+
+        def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, result: Any) -> Described:
+            cached = result[0].cached_len
+            total = len(ids or ())
+            hit = f"{cached} of {total} tokens cached" if cached else f"nothing cached (0 of {total} tokens)"
+            return _join(head, [*self._split_words(changes), hit]), (ids or [])[:cached]
+
+        return self._run("match", head, lambda: self.manager.match_prefix(input_ids), describe)
+
+    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+        ids = _token_list(input_ids)
+        head = f"insert [{self._words(ids)}]"
+
+        def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, already: Any) -> Described:
+            parts = self._split_words(changes)
+            for path in changes.inserted:
+                view = after.nodes[path]
+                parts.append(f"added [{self._words(view.tokens)}] ({_plural(len(view.tokens), 'slot')})")
+            if not changes.inserted:
+                parts.append("nothing new to add")
+            parts.append(f"{_plural(already, 'token')} already cached (the return value)")
+            tail = len(ids or ()) % after.page_size
+            if tail:
+                parts.append(f"last {_plural(tail, 'token')} not inserted (a partial page)")
+            return _join(head, parts), (ids or [])[:already]
+
+        return self._run("insert", head, lambda: self.manager.insert_prefix(input_ids, indices), describe)
+
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
+        operation = "unlock" if unlock else "lock"
+        tokens = _handle_tokens(handle)
+        if tokens is None:
+            head = f"{operation} (not a radix handle)"
+        elif not tokens:
+            head = f"{operation} (empty match)"
+        else:
+            head = f"{operation} [{self._words(tokens)}]"
+
+        def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, _: Any) -> Described:
+            if not changes.ref_changed:
+                return _join(head, ["the root is always protected; nothing to do"]), ()
+            sign = "-1" if unlock else "+1"
+            nodes = _plural(len(changes.ref_changed), "node")
+            if unlock:
+                moved = after.size_info.evictable_size - before.size_info.evictable_size
+                effect = f"{_plural(moved, 'slot')} evictable again" if moved else "still protected by another lock"
+            else:
+                moved = after.size_info.protected_size - before.size_info.protected_size
+                effect = f"{_plural(moved, 'slot')} newly protected" if moved else "already protected by another lock"
+            return _join(head, [f"ref_count {sign} on {nodes}", effect]), ()
+
+        self._run(operation, head, lambda: self.manager.lock_handle(handle, unlock=unlock), describe)
+
+    def evict(self, size: int) -> torch.Tensor:
+        head = f"evict {size!r}"
+
+        def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
+            if not changes.evicted:
+                return _join(head, ["nothing to do"]), ()
+            removed = ", ".join(
+                f"[{self._words(v.tokens)}] ({_plural(len(v.tokens), 'slot')})" for v in changes.evicted
+            )
+            parts = [f"removed {removed}"]
+            if len(freed) != size:
+                parts.append(f"freed {_plural(len(freed), 'slot')}: whole nodes go")
+            return _join(head, parts), ()
+
+        return self._run("evict", head, lambda: self.manager.evict(size), describe)
+
+    def reset(self) -> torch.Tensor:
+        def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
+            return f"reset: removed {_plural(before.num_nodes, 'node')} ({_plural(len(freed), 'slot')})", ()
+
+        return self._run("reset", "reset", self.manager.reset, describe)
+
+    # -- narration and playback ----------------------------------------------------
+
+    def note(self, caption: str) -> Frame:
+        """Add a frame of the tree as it is now, with your own caption (e.g. "request B arrives")."""
+        if not isinstance(caption, str) or not caption:
+            raise ArgumentTypeError(f"caption must be a non-empty str, got {caption!r}")
+        return self._append("note", self._labelled(caption), TreeSnapshot.of(self.manager), TreeChanges())
+
+    @contextlib.contextmanager
+    def labelled(self, label: str) -> Iterator[TreeRecorder]:
+        """Prefix the captions of the frames recorded inside the ``with`` block, e.g. with a request's name."""
+        if not isinstance(label, str) or not label:
+            raise ArgumentTypeError(f"label must be a non-empty str, got {label!r}")
+        outer, self._label = self._label, label
+        try:
+            yield self
+        finally:
+            self._label = outer
+
+    def player(
+        self, start: int = 0, stop: int | None = None, *, title: str | None = None, interval_ms: int = 1200
+    ) -> FramePlayer:
+        """An HTML player over ``frames[start:stop]`` (renders each frame's SVG with ``dot``)."""
+        chosen = self.frames[start:stop]
+        if not chosen:
+            raise ArgumentError(f"start/stop: frames[{start}:{stop}] is empty (there are {len(self.frames)} frames)")
+        return FramePlayer(
+            [PlayerFrame(f.svg(), f"{f.index}. {f.caption}", f.sizes_text) for f in chosen],
+            title=title,
+            interval_ms=interval_ms,
+        )
+
+    def __repr__(self) -> str:
+        return f"<TreeRecorder: {len(self.frames)} frames of {type(self.manager).__name__}>"
+
+    # -- internals -------------------------------------------------------------------
+
+    def _run(
+        self,
+        operation: str,
+        head: str,
+        call: Callable[[], Any],
+        describe: Callable[[TreeSnapshot, TreeSnapshot, TreeChanges, Any], Described],
+    ) -> Any:
+        before = TreeSnapshot.of(self.manager)
+        try:
+            result = call()
+        except Exception as exc:
+            after = TreeSnapshot.of(self.manager)
+            caption = f"{head}: refused ({type(exc).__name__}: {exc})"
+            self._append(operation, self._labelled(caption), after, diff_snapshots(before, after), error=repr(exc))
+            raise
+        after = TreeSnapshot.of(self.manager)
+        changes = diff_snapshots(before, after)
+        caption, walked = describe(before, after, changes, result)
+        if walked:
+            changes = dataclasses.replace(changes, walked=after.path_along(walked))
+        self._append(operation, self._labelled(caption), after, changes)
+        return result
+
+    def _append(
+        self, operation: str, caption: str, snapshot: TreeSnapshot, changes: TreeChanges, error: str | None = None
+    ) -> Frame:
+        free = int(self.pool.num_free_slots) if self.pool is not None else None
+        frame = Frame(
+            len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns
+        )
+        self.frames.append(frame)
+        return frame
+
+    def _labelled(self, caption: str) -> str:
+        return f"{self._label} · {caption}" if self._label else caption
+
+    def _words(self, tokens: Sequence[int] | None) -> str:
+        return "?" if tokens is None else words(tokens, self._namer, limit=CAPTION_TOKENS)
+
+    def _split_words(self, changes: TreeChanges) -> list[str]:
+        return [
+            f"split [{self._words(old.tokens)}] after {_plural(len(upper) - old.start, 'token')}"
+            for (upper, _), old in zip(changes.split, changes.split_before)
+        ]
+
+
+def _join(head: str, parts: Sequence[str]) -> str:
+    return f"{head}: " + "; ".join(parts)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _token_list(value: Any) -> list[int] | None:
+    """The token ids of an argument, for captions; ``None`` if they cannot be read (the manager will say why)."""
+    try:
+        if isinstance(value, torch.Tensor):
+            return [int(t) for t in value.detach().reshape(-1).cpu().tolist()]
+        if isinstance(value, np.ndarray):
+            return [int(t) for t in value.reshape(-1).tolist()]
+        if isinstance(value, (list, tuple)):
+            return [int(t) for t in value]
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def _handle_tokens(handle: Any) -> tuple[int, ...] | None:
+    """Every token from the root to a radix handle's node, read through public attributes only."""
+    node = getattr(handle, "node", None)
+    if node is None or not hasattr(node, "key"):
+        return None
+    pieces = []
+    while node is not None and getattr(node, "parent", None) is not None:
+        pieces.append([int(t) for t in node.key.tolist()])
+        node = node.parent
+    return tuple(t for piece in reversed(pieces) for t in piece)

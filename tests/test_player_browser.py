@@ -1,0 +1,159 @@
+"""The frame player in a real browser: headless Chromium (the system one) driven by Playwright.
+
+The page holds the same player twice, as a notebook page does when one
+output is displayed twice: both copies must work, each on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minikv import RadixCacheManager
+from minikv.viz import TreeRecorder, Vocab
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the system browser at /usr/bin/chromium")
+
+
+def small_recording() -> TreeRecorder:
+    vocab = Vocab()
+    rec = TreeRecorder(RadixCacheManager(), vocab)
+    rec.insert_prefix(vocab.encode("Hello world"), [0, 1])
+    rec.insert_prefix(vocab.encode("Hello there"), [2, 3])
+    handle, _ = rec.match_prefix(vocab.encode("Hello world"))
+    rec.lock_handle(handle)
+    rec.evict(1)
+    return rec  # 6 frames: start, insert, insert, match, lock, evict
+
+
+@pytest.fixture(scope="module")
+def served_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    player = small_recording().player(interval_ms=120)
+    root = tmp_path_factory.mktemp("player_page")
+    (root / "index.html").write_text(
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>player test</title></head><body>\n'
+        f'<section id="first">{player.html}</section>\n<p>text between the two outputs</p>\n'
+        f'<section id="second">{player.html}</section>\n</body></html>\n',
+        encoding="utf-8",
+    )
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", len(player)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def visible_frames(page, section: str) -> list[int]:
+    return page.eval_on_selector_all(
+        f"#{section} .mkp-frame",
+        "frames => frames.flatMap((f, i) => getComputedStyle(f).display === 'none' ? [] : [i])",
+    )
+
+
+def visible_caption(page, section: str) -> str:
+    return page.eval_on_selector_all(
+        f"#{section} .mkp-frame",
+        "frames => frames.filter(f => getComputedStyle(f).display !== 'none')"
+        ".map(f => f.querySelector('figcaption').textContent).join('|')",
+    )
+
+
+def test_slider_next_and_play_change_the_frame(served_page, browser) -> None:
+    url, n = served_page
+    page = browser.new_page()
+    try:
+        page.goto(url)
+        for section in ("first", "second"):
+            assert page.get_attribute(f"#{section} .minikv-player", "data-ready") == "1"
+            assert page.is_visible(f"#{section} .mkp-controls")
+            assert visible_frames(page, section) == [0]
+        assert page.inner_text("#first .mkp-counter") == f"1 / {n}"
+        assert visible_caption(page, "first") == "0. start: the tree is empty"
+        assert page.is_disabled("#first .mkp-prev")
+
+        page.fill("#first .mkp-slider", "2")  # fires `input`, as dragging does
+        assert visible_frames(page, "first") == [2]
+        assert visible_caption(page, "first").startswith("2. insert [Hello there]: split [Hello world] after 1 token")
+        assert page.inner_text("#first .mkp-counter") == f"3 / {n}"
+        assert page.is_visible("#first .mkp-frame[data-index='2'] svg")
+        assert visible_frames(page, "second") == [0], "the second copy must not follow the first"
+
+        page.click("#first .mkp-next")
+        assert visible_frames(page, "first") == [3]
+        assert visible_caption(page, "first").startswith("3. match [Hello world]")
+        assert page.input_value("#first .mkp-slider") == "3"
+
+        page.click("#first .mkp-prev")
+        assert visible_frames(page, "first") == [2]
+
+        page.click("#first .mkp-play")
+        assert "pause" in page.inner_text("#first .mkp-play")
+        page.wait_for_function(
+            f"document.querySelector('#first .mkp-counter').textContent === '{n} / {n}'", timeout=5000
+        )
+        page.wait_for_function("document.querySelector('#first .mkp-play').textContent.includes('play')", timeout=5000)
+        assert visible_frames(page, "first") == [n - 1]
+        assert visible_caption(page, "first") == f"{n - 1}. evict 1: removed [there] (1 slot)"
+        assert page.is_disabled("#first .mkp-next")
+
+        page.click("#second .mkp-next")  # the second copy works on its own
+        assert visible_frames(page, "second") == [1]
+        assert visible_frames(page, "first") == [n - 1]
+    finally:
+        page.close()
+
+
+def test_keyboard_and_no_script_fallback(served_page, browser) -> None:
+    url, n = served_page
+    page = browser.new_page()
+    try:
+        page.goto(url)
+        page.focus("#second .minikv-player")
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        assert visible_frames(page, "second") == [2]
+        page.keyboard.press("ArrowLeft")
+        assert visible_frames(page, "second") == [1]
+    finally:
+        page.close()
+    context = browser.new_context(java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(url)
+        # Without scripts (an untrusted notebook, a sanitising viewer) every frame shows, controls stay hidden.
+        assert visible_frames(page, "first") == list(range(n))
+        assert not page.is_visible("#first .mkp-controls")
+    finally:
+        context.close()
