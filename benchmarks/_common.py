@@ -1,0 +1,85 @@
+"""What every benchmark here shares: timing, a plain-text table, and writing results as data.
+
+Timings are wall-clock (``time.perf_counter``) medians over a few repeats after
+a warm-up, so one noisy neighbour on a shared machine moves the median less
+than it moves the mean. Every result file records the machine it came from.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_seconds(run: Callable[[], object], repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of ``run()`` and every sample; ``warmup`` runs are discarded first."""
+    for _ in range(warmup):
+        run()
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), samples
+
+
+def machine() -> dict[str, Any]:
+    """Enough about the machine to tell two result files apart."""
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        info["load_average_1min"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    return info
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/<name>.json`` (atomically: a reader never sees half a file)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    document = {"benchmark": name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(), **payload}
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: dict[str, str] | None = None) -> str:
+    """Rows as a Markdown table (readable in a terminal, pasteable into the README)."""
+    formats = formats or {}
+
+    def cell(row: dict[str, Any], column: str) -> str:
+        value = row.get(column, "")
+        if value is None:
+            return "-"
+        if column in formats and isinstance(value, (int, float)):
+            return format(value, formats[column])
+        return str(value)
+
+    cells = [[cell(row, c) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |" for r in cells]
+    return "\n".join(lines)
