@@ -7,7 +7,14 @@ Around them: :class:`PagePool` and the request lifecycle (:mod:`minikv.lifecycle
 
 from . import errors
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache, KVCacheLayout, SizeInfo
-from .capacity import MODELS, ModelShape, kv_bytes_per_token, mla_bytes_per_token, tokens_that_fit
+from .capacity import (
+    MODELS,
+    ModelShape,
+    kv_bytes_per_token,
+    mla_bytes_per_token,
+    tokens_that_fit,
+    tokens_that_fit_beside_weights,
+)
 from .kernels import INTERPRETED, store_cache, store_cache_reference
 from .lifecycle import Request, admit, finish, serve
 from .mha_pool import MHAKVCache
@@ -24,5 +31,6 @@ __all__ = [
     "RadixCacheHandle", "RadixCacheManager", "RadixTreeNode",
     "PagePool", "Request", "admit", "finish", "serve",
     "MODELS", "ModelShape", "kv_bytes_per_token", "mla_bytes_per_token", "tokens_that_fit",
+    "tokens_that_fit_beside_weights",
     "errors",
 ]  # fmt: skip

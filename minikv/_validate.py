@@ -16,6 +16,23 @@ from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
+def canonical_device(device: torch.device | str) -> torch.device:
+    """The device as tensors report it: ``"cuda"`` becomes ``cuda:<current>``, ``"cpu:0"`` becomes ``cpu``.
+
+    Tensors always carry the full name, so a manager created with ``"cuda"`` must
+    compare equal to the ``cuda:0`` of every tensor it makes.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ArgumentError(f"device: {error}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -> np.ndarray:
     """Token ids as a 1-D int64 NumPy array on the CPU (the radix tree compares keys there).
 

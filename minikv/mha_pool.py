@@ -93,6 +93,12 @@ class MHAKVCache(BaseKVCache):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         layer = self._layer(layer_id, "layer_id")
+        if not isinstance(out_loc, torch.Tensor) or out_loc.dtype not in (torch.int32, torch.int64):
+            raise ArgumentTypeError("out_loc must be an int32 or int64 tensor of slot indices")
+        if out_loc.dim() == 1 and len(out_loc) and out_loc.device == self.device:
+            low, high = int(out_loc.min()), int(out_loc.max())
+            if low < 0 or high >= self.num_slots:
+                raise SlotIndexError(f"out_loc: slot {low if low < 0 else high} is outside [0, {self.num_slots})")
         store_cache(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v)
 
     @property

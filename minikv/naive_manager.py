@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import as_count, as_slot_indices, as_token_ids
+from ._validate import canonical_device, as_count, as_slot_indices, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import ArgumentError, ArgumentTypeError, EvictionUnsupportedError
 
@@ -24,7 +24,7 @@ class NaiveCacheHandle(BaseCacheHandle):
 
 class NaiveCacheManager(BaseCacheManager):
     def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.page_size = 1
         # One shared empty result, created once on the right device with the right dtype.
         self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._validate import as_count, as_positive
+from ._validate import canonical_device, as_count, as_positive
 from .base import BaseCacheManager
 from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError, SlotIndexError
 
@@ -27,7 +27,7 @@ class PagePool:
     def __init__(self, num_pages: int, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.num_pages = as_positive(num_pages, "num_pages")
         self.page_size = as_positive(page_size, "page_size")
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         # Page numbers are kept as np.intp: NumPy indexes with intp several times
         # faster than with int32, and every free() and allocate() indexes with them.
         # A stack whose top (the end) is the next page to hand out.
@@ -142,6 +142,8 @@ class PagePool:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
             array = slots.cpu().numpy().astype(np.intp)  # integer tensors never carry autograd history
         elif isinstance(slots, (list, tuple)):
+            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in slots):
+                raise ArgumentTypeError("slots must contain only ints")
             array = np.asarray(slots, dtype=np.intp).reshape(-1)
         else:
             raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import as_count, as_positive, as_slot_indices, as_token_ids
+from ._validate import canonical_device, as_count, as_positive, as_slot_indices, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import (
     ArgumentError,
@@ -84,7 +84,8 @@ class RadixTreeNode:
 
     @property
     def parent(self) -> RadixTreeNode | None:
-        return self._parent
+        """The node above this one; ``None`` for the root and for an evicted node."""
+        return None if self._parent is _EVICTED else self._parent
 
     def set_key_value(self, key: torch.Tensor, value: torch.Tensor) -> None:
         length = key.shape[0]
@@ -101,6 +102,10 @@ class RadixTreeNode:
 
     def is_root(self) -> bool:
         return self._parent is None
+
+    def is_evicted(self) -> bool:
+        """True once ``evict`` has removed this node: a handle to it is stale."""
+        return self._parent is _EVICTED
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -135,7 +140,13 @@ class RadixTreeNode:
             return "RadixTreeNode(root)"
         shown = self._key_np[:6].tolist()
         more = "..." if self._length > 6 else ""
-        return f"RadixTreeNode(key={shown}{more}, len={self._length}, ref={self.ref_count}, t={self.timestamp})"
+        state = "evicted, " if self.is_evicted() else ""
+        return f"RadixTreeNode({state}key={shown}{more}, len={self._length}, ref={self.ref_count}, t={self.timestamp})"
+
+
+# The parent of every evicted node: a node that is in no tree, so walking up from an
+# evicted node can never reach a root.
+_EVICTED = RadixTreeNode()
 
 
 def child_key(key: np.ndarray, page_size: int) -> ChildKey:
@@ -166,7 +177,7 @@ class RadixCacheManager(BaseCacheManager):
     """Prefix cache as a radix tree over token ids, with LRU eviction of unlocked leaves."""
 
     def __init__(self, device: torch.device | str = "cpu", page_size: int = 1) -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.page_size = as_positive(page_size, "page_size")
         self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
         self.root_node = RadixTreeNode()
@@ -237,6 +248,7 @@ class RadixCacheManager(BaseCacheManager):
         insert_len = len(ids) - len(ids) % self.page_size
         node, prefix_len = self._walk(ids[:insert_len])
         if prefix_len < insert_len:
+            self._check_new_slots(slots[prefix_len:insert_len])
             leaf = RadixTreeNode(self._clock)
             # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
             leaf.set_key_value(torch.from_numpy(ids[prefix_len:insert_len].copy()), slots[prefix_len:insert_len].clone())
@@ -286,7 +298,7 @@ class RadixCacheManager(BaseCacheManager):
             parent = node._parent
             assert parent is not None
             del parent.children[child_key(node._key_np, self.page_size)]
-            node._parent = None
+            node._parent = _EVICTED
             self._num_nodes -= 1
             self.evictable_size -= node.length
             evicted_size += node.length
@@ -384,12 +396,29 @@ class RadixCacheManager(BaseCacheManager):
 
     # -- helpers ------------------------------------------------------------
 
+    def _check_new_slots(self, new_slots: torch.Tensor) -> None:
+        """Refuse slots a new leaf could not own: a slot listed twice, or (paged) slots that are not whole pages.
+
+        Runs after the walk, so a refused insert may have split a node on its way,
+        which changes no cached token (exactly as a match does).
+        """
+        if torch.unique(new_slots).shape[0] != new_slots.shape[0]:
+            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
+        ps = self.page_size
+        if ps > 1:
+            pages = new_slots.view(-1, ps).long()
+            offsets = torch.arange(ps, device=new_slots.device)
+            if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
+                raise ArgumentError(f"indices: with page_size {ps}, each page of tokens must get one whole page of slots")
+
     def _node_of(self, handle: BaseCacheHandle) -> RadixTreeNode:
         if not isinstance(handle, RadixCacheHandle):
             raise ArgumentTypeError(f"handle must be a RadixCacheHandle, got {type(handle).__name__}")
         node = handle.node
         if node is self.root_node:
             return node
+        if node.is_evicted():
+            raise StaleHandleError(f"handle: its node {node!r} was evicted")
         walker = node
         while walker._parent is not None:
             parent = walker._parent
@@ -401,7 +430,13 @@ class RadixCacheManager(BaseCacheManager):
         return node
 
     def _is_evictable_leaf(self, node: RadixTreeNode, timestamp: int) -> bool:
-        return node._parent is not None and node.timestamp == timestamp and node.ref_count == 0 and not node.children
+        return (
+            node.timestamp == timestamp
+            and node.ref_count == 0
+            and not node.children
+            and node._parent is not None
+            and not node.is_evicted()
+        )
 
     def _maybe_compact(self) -> None:
         heap = self._evictable_leaves

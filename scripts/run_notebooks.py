@@ -20,6 +20,24 @@ from nbclient import NotebookClient
 REPO = Path(__file__).resolve().parent.parent
 
 
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) chunks: the kernel flushes on a timer, so one
+    cell's prints may arrive in several pieces, which would show as several boxes in the book."""
+    merged: list = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            output.get("output_type") == "stream"
+            and previous is not None
+            and previous.get("output_type") == "stream"
+            and previous.get("name") == output.get("name")
+        ):
+            previous["text"] += output["text"]
+        else:
+            merged.append(output)
+    return merged
+
+
 def run(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -30,6 +48,9 @@ def run(path: Path) -> None:
         resources={"metadata": {"path": str(path.parent)}},
     )  # fmt: skip
     client.execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
     text = nbformat.writes(nb)
     for machine_path in {str(REPO), str(Path.home())}:
         if machine_path in text:

@@ -92,7 +92,8 @@ def store_cache(
         return
     use_triton = backend == "triton" or (backend == "auto" and k.is_cuda)
     if use_triton:
-        _launch(k_cache4, v_cache4, indices, k, v)
+        # The kernel reads slot t at loc_ptr + t: a strided view of indices would name other slots.
+        _launch(k_cache4, v_cache4, indices.contiguous(), k, v)
     else:
         _store_torch(k_cache4, v_cache4, indices, k, v)
 

@@ -39,11 +39,11 @@ class PlayerFrame:
 
 
 class FramePlayer:
-    """A frame player; display it in a notebook, or take its HTML from :attr:`html`.
+    """A frame player; display it in a notebook, or take its HTML from ``html``.
 
-    ``frames`` are :class:`PlayerFrame` objects, or ``(picture, caption[, details])``
+    ``frames`` are ``PlayerFrame`` objects, or ``(picture, caption[, details])``
     tuples where the picture is SVG text, a graphviz graph or anything with an
-    ``svg()`` method (a :class:`~minikv.viz.TreeDrawing`).
+    ``svg()`` method (a :class:`~minikv.viz.tree.TreeDrawing`).
     """
 
     def __init__(self, frames: Sequence[Any], *, title: str | None = None, interval_ms: int = 1200) -> None:

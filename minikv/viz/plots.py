@@ -95,7 +95,7 @@ def plot_lifecycle(
 def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
     """Stacked bars, one per recorded frame: protected, evictable, held by running requests, free.
 
-    ``source`` is a :class:`~minikv.viz.TreeRecorder`, a sequence of its frames,
+    ``source`` is a :class:`~minikv.viz.recorder.TreeRecorder`, a sequence of its frames,
     or a sequence of :class:`~minikv.SizeInfo`. Free and request-held slots
     appear when the recorder was given a pool (``num_slots`` then defaults to
     the pool's size); request-held = total - free - cached. Frames are taken at

@@ -229,7 +229,7 @@ class TreeSnapshot:
     def of(cls, manager: Any) -> TreeSnapshot:
         """Read ``manager``'s tree without changing it (only public attributes are read).
 
-        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.TreeRecorder`
+        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
         around one, or any object with the same ``root_node`` structure.
         """
         root = getattr(manager, "root_node", None)
