@@ -67,7 +67,8 @@ def leaf_keys(n: int) -> list[np.ndarray]:
     prefixes = [rng.integers(0, 32000, PREFIX_LEN) for _ in range(PREFIXES)]
     keys = []
     for i in range(n):
-        tail = np.array([i // 32000 + 1, i % 32000, *rng.integers(0, 32000, LEAF_LEN - 2)], dtype=np.int64)
+        # A first token of its own (ids need not fit a vocabulary here) makes every leaf a direct child of its prefix.
+        tail = np.array([32000 + i, *rng.integers(0, 32000, LEAF_LEN - 1)], dtype=np.int64)
         keys.append(np.concatenate([prefixes[i % PREFIXES], tail]))
     return keys
 

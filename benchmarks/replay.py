@@ -98,6 +98,22 @@ def replay(manager: BaseCacheManager, pool: PagePool, requests: list[np.ndarray]
     return hits
 
 
+def pool_pages(requests: list[np.ndarray], page_size: int, pool: str) -> int:
+    """Pages of the ``large`` pool (every page of every request) or of the ``tight`` one.
+
+    The tight pool holds ``TIGHT_FRACTION`` of what the stream needs without
+    eviction -- what the tree holds at the end of an unconstrained replay, plus
+    one request in flight -- and never less than two of the longest requests.
+    """
+    longest = max(-(-len(r) // page_size) for r in requests)
+    large = sum(-(-len(r) // page_size) for r in requests)
+    if pool == "large":
+        return large
+    manager, free_pool = RadixCacheManager(page_size=page_size), PagePool(large, page_size)
+    replay(manager, free_pool, requests)
+    return max(int((free_pool.num_used_pages + longest) * TIGHT_FRACTION), 2 * longest)
+
+
 def check_accounting(manager: BaseCacheManager, pool: PagePool) -> None:
     """After a replay every slot is either free or owned by the tree, and the tree is sound."""
     manager.check_integrity()
@@ -192,29 +208,18 @@ def main() -> None:
     for name, requests in workloads(args.quick).items():
         tokens = total_tokens(requests)
         naive_us = None
-        large_pages: dict[int, int] = {}
         for variant in VARIANTS:
             ps = variant.page_size
             optimum = offline_optimal_hits(requests, page_size=ps)
-            if variant.pool == "large":
-                num_pages = sum(-(-len(r) // ps) for r in requests)  # every page of every request
-            else:
-                need = large_pages[ps]
-                longest = max(-(-len(r) // ps) for r in requests)
-                num_pages = max(int(need * TIGHT_FRACTION), 2 * longest)
+            num_pages = pool_pages(requests, ps, variant.pool)
             samples, hits, evicted = timed_replays(variant, num_pages, requests, args.repeats)
             us = statistics.median(samples) / len(requests) * 1e6
             if variant.manager == "naive":
                 naive_us = us
-            if variant.pool == "large":
-                if variant.manager == "radix":
-                    # The claim of the benchmark: with room for everything, the radix cache misses nothing it could hit.
-                    assert hits == optimum, f"{name} {variant.label}: radix hits differ from the offline optimum"
-                    assert evicted == 0
-                    # Pages the stream needs without eviction: what the tree ends up holding plus one request in flight.
-                    manager, pool = variant.make_manager(), PagePool(num_pages, ps)
-                    replay(manager, pool, requests)
-                    large_pages[ps] = pool.num_used_pages + max(-(-len(r) // ps) for r in requests)
+            if variant.pool == "large" and variant.manager == "radix":
+                # The claim of the benchmark: with room for everything, the radix cache misses nothing it could hit.
+                assert hits == optimum, f"{name} {variant.label}: radix hits differ from the offline optimum"
+                assert evicted == 0
             target = TARGETS_US.get((name, variant.manager, variant.pool)) if ps == 1 else None
             row = {
                 "workload": name,

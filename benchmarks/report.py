@@ -1,0 +1,88 @@
+"""Rewrite the "Latest results" section of ``benchmarks/README.md`` from ``benchmarks/results/*.json``.
+
+The README's tables are never typed by hand: run the benchmarks, then this.
+Run: ``.venv/bin/python benchmarks/report.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, table
+
+README = Path(__file__).resolve().parent / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine_line(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    load = f", load average {m['load_average_1min']:.1f}" if "load_average_1min" in m else ""
+    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
+    return (f"_{doc['created']}: {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']} with {m['torch_threads']} "
+            f"thread(s), Python {m['python']}{gpu}{load}._")  # fmt: skip
+
+
+def replay_section(doc: dict[str, Any]) -> list[str]:
+    rows = doc["rows"]
+    out = ["### replay.py", "", machine_line(doc), ""]
+    if doc.get("quick"):
+        out += ["**Quick run (a tenth of the requests): a smoke test, not a result.**", ""]
+    out.append(table(rows, ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive",
+                            "hit_rate", "optimal_hit_rate", "hit_vs_optimal", "evicted_slots", "target_us"],
+                     {"us_per_request": ".1f", "us_per_request_min": ".1f", "vs_naive": ".2f", "hit_rate": ".3f",
+                      "optimal_hit_rate": ".3f", "hit_vs_optimal": ".3f", "target_us": ".0f"}))  # fmt: skip
+    out += ["", "Where the time goes (µs per request, instrumented pass):", ""]
+    columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",
+               "manager.insert_prefix", "manager.evict", "pool_total", "lifecycle_glue", "instrumented_total"]  # fmt: skip
+    out.append(table(doc["breakdown_us"], columns, {c: ".1f" for c in columns[2:]}))
+    return out
+
+
+def evict_section(doc: dict[str, Any]) -> list[str]:
+    g = doc["growth"]
+    return [
+        "### evict_scaling.py", "", machine_line(doc), "",
+        table(doc["rows"], ["leaves", "heap_us", "full_scan_us", "ratio"],
+              {"heap_us": ".2f", "full_scan_us": ".1f", "ratio": ".0f"}),
+        "",
+        f"Growth: slope of log(cost) against log(n) is {g['heap_loglog_slope']:.2f} for the heap and "
+        f"{g['full_scan_loglog_slope']:.2f} for the full scan (1 = linear); the full scan costs "
+        f"≈ {g['full_scan_us_per_leaf'] * 1000:.0f} ns per leaf, the heap +{g['heap_us_per_doubling']:.2f} µs "
+        "per doubling of n.",
+    ]  # fmt: skip
+
+
+def store_section(doc: dict[str, Any], title: str) -> list[str]:
+    return [
+        f"### {title}", "", machine_line(doc), "",
+        table(doc["rows"], ["tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
+              {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parts: list[str] = []
+    for name, render in (("replay", replay_section), ("evict_scaling", evict_section)):
+        doc = load(name)
+        if doc:
+            parts += render(doc) + [""]
+    for name, title in (("store", "store.py (CPU)"), ("store_cuda", "store.py (CUDA)")):
+        doc = load(name)
+        if doc:
+            parts += store_section(doc, title) + [""]
+    text = README.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(head + START + "\n\n" + "\n".join(parts) + "\n" + END + tail)
+    print(f"updated {README}")
+
+
+if __name__ == "__main__":
+    main()
