@@ -1,0 +1,47 @@
+"""Checks for the exercise notebooks: ``check(exercise_id, fn)`` grades a learner's function.
+
+    from minikv.exercises import check
+    check("radix.evict", evict)      # shows what passed and the smallest failing case
+
+Each exercise runs real cases against minikv's own implementation: fresh
+managers, pools and caches built for every case, several sizes, and the edge
+cases that catch the usual mistakes. The learner's exceptions (a stub's
+``NotImplementedError`` included) are reported, never raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# Each module registers its chapter's exercises; imported in chapter order, so that ids list in that order.
+from . import capacity, lifecycle, storage, naive, blocks, radix  # noqa: F401, I001
+from ..radix_manager import RadixCacheManager
+from . import _trees
+from ._core import REGISTRY, run_check
+from ._report import CaseResult, CheckResult
+
+
+def check(exercise_id: str, fn: Callable[..., Any]) -> CheckResult:
+    """Run every case of ``exercise_id`` against ``fn`` and return the verdict.
+
+    In a notebook the result shows itself as a report; ``bool(result)`` and
+    ``result.passed`` say whether every case passed.
+    """
+    return run_check(exercise_id, fn)
+
+
+def tree_text(manager: RadixCacheManager) -> str:
+    """A radix tree as indented text, one node per line: tokens, slots, ref_count and last-use time.
+
+    The same drawing the radix checks print when a tree differs from the expected one.
+    """
+    return _trees.render(_trees.snapshot(manager))
+
+
+def exercise_ids() -> list[str]:
+    """Every exercise id, in chapter order."""
+    return list(REGISTRY)
+
+
+__all__ = ["check", "exercise_ids", "tree_text", "CheckResult", "CaseResult"]

@@ -1,0 +1,128 @@
+"""What a check hands back: one verdict per case, and a report a learner can read.
+
+The report leads with the verdict, then the *smallest* failing case (fewest
+tokens, nodes or slots), because the smallest counter-example is the easiest to
+debug by hand. Text and HTML say the same thing; both are deterministic, so a
+notebook that stores them stays comparable by nbval.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The verdict on one case."""
+
+    description: str
+    size: int
+    passed: bool
+    problem: str = ""
+    """What went wrong, in plain words (empty when the case passed)."""
+    expected: str = ""
+    got: str = ""
+    not_written: bool = False
+    """The learner's function raised ``NotImplementedError``: it is still the stub."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The verdict on one exercise: ``passed`` is True only if every case passed."""
+
+    exercise_id: str
+    title: str
+    cases: tuple[CaseResult, ...] = field(default_factory=tuple)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(case.passed for case in self.cases)
+
+    @property
+    def num_passed(self) -> int:
+        return sum(case.passed for case in self.cases)
+
+    @property
+    def not_written(self) -> bool:
+        """Every case stopped at the stub's ``NotImplementedError``."""
+        return bool(self.cases) and all(case.not_written for case in self.cases)
+
+    @property
+    def smallest_failure(self) -> CaseResult | None:
+        failures = [case for case in self.cases if not case.passed]
+        return min(failures, key=lambda case: case.size) if failures else None
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def headline(self) -> str:
+        verdict, advice = self._verdict()
+        return f"{verdict} {advice}".rstrip()
+
+    def _verdict(self) -> tuple[str, str]:
+        """The verdict, and what to do about it."""
+        total = len(self.cases)
+        if self.passed:
+            return f"✓ {self.exercise_id}: all {total} cases passed.", ""
+        if self.not_written:
+            return (
+                f"✗ {self.exercise_id}: not written yet.",
+                "Your function still raises NotImplementedError; replace the stub with your code "
+                f"and run the cell again ({total} cases are waiting).",
+            )
+        return f"✗ {self.exercise_id}: {self.num_passed} of {total} cases passed.", ""
+
+    def __str__(self) -> str:
+        lines = [self.headline()]
+        failure = self.smallest_failure
+        if failure is not None and not self.not_written:
+            lines.append("")
+            lines.append(f"Smallest failing case: {failure.description}")
+            lines.extend(_indent(f"What went wrong: {failure.problem}", "  "))
+            if failure.expected or failure.got:
+                lines.extend(_labelled("expected", failure.expected))
+                lines.extend(_labelled("got", failure.got))
+        if not self.not_written:
+            lines.append("")
+            lines.append("Cases:")
+            lines.extend(f"  {'✓' if case.passed else '✗'} {case.description}" for case in self.cases)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = "#1a7f37" if self.passed else "#cf222e"
+        parts = [
+            '<div class="minikv-check" style="border-left: 4px solid ' + colour + '; padding: 0.3em 0.8em;">',
+            f'<p style="margin: 0.2em 0;"><strong style="color: {colour};">{_esc(self._verdict()[0])}</strong> {_esc(self._verdict()[1])}</p>',
+        ]
+        failure = self.smallest_failure
+        if failure is not None and not self.not_written:
+            parts.append(f'<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> {_esc(failure.description)}</p>')
+            parts.append(f'<p style="margin: 0.2em 0;"><strong>What went wrong:</strong> {_esc(failure.problem)}</p>')
+            if failure.expected or failure.got:
+                parts.append("<pre>" + _esc("\n".join(_labelled("expected", failure.expected) + _labelled("got", failure.got))) + "</pre>")
+        if not self.not_written:
+            items = "".join(f"<li>{'✓' if case.passed else '✗'} {_esc(case.description)}</li>" for case in self.cases)
+            parts.append(
+                f"<details><summary>All {len(self.cases)} cases</summary>"
+                f'<ul style="list-style: none; padding-left: 0.5em;">{items}</ul></details>'
+            )
+        parts.append("</div>")
+        return "\n".join(parts)
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _indent(text: str, prefix: str) -> list[str]:
+    return [prefix + line for line in text.splitlines()] or [prefix]
+
+
+def _labelled(label: str, text: str) -> list[str]:
+    """``expected: first line`` with later lines aligned under it."""
+    head = f"  {label + ':':<10}"
+    lines = text.splitlines() or [""]
+    return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]

@@ -1,0 +1,361 @@
+"""Radix trees for the checks: build identical twins, take snapshots, say how two differ.
+
+A case never shares a manager between the learner and the reference: it builds
+two from the same *recipe* (inserts, matches, locks, in order), lets the
+learner's function change one and minikv's own code change the other, then
+compares snapshots. Snapshots keep what a learner's code is responsible for
+(keys, slots, ref counts, the order of last use, parent links, the size
+counters) and leave out minikv's private bookkeeping (its eviction heap and
+node counter), which a learner's function has no reason to know about.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
+from ._core import Mismatch
+
+MAX_NODES = 10_000
+"""A snapshot stops here: a learner's bug (a node listed as its own child) must not hang the checker."""
+
+
+# -- recipes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "insert" | "match" | "lock" | "unlock"
+    ids: tuple[int, ...]
+
+    def describe(self) -> str:
+        words = {"insert": "insert", "match": "match", "lock": "lock the match of", "unlock": "unlock the match of"}
+        return f"{words[self.kind]} {list(self.ids)}"
+
+
+def insert(*ids: int) -> Op:
+    return Op("insert", ids)
+
+
+def match(*ids: int) -> Op:
+    return Op("match", ids)
+
+
+def lock(*ids: int) -> Op:
+    return Op("lock", ids)
+
+
+def unlock(*ids: int) -> Op:
+    return Op("unlock", ids)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build a tree: operations applied in order to a fresh manager."""
+
+    ops: tuple[Op, ...]
+    page_size: int = 1
+    name: str = ""
+    """Used instead of listing the operations (for large random recipes)."""
+
+    def build(self) -> tuple[RadixCacheManager, dict[tuple[int, ...], RadixCacheHandle]]:
+        """A fresh manager, and the handles of the ``lock`` operations (latest per prefix)."""
+        manager = RadixCacheManager("cpu", page_size=self.page_size)
+        handles: dict[tuple[int, ...], RadixCacheHandle] = {}
+        next_page = 0
+        for op in self.ops:
+            if op.kind == "insert":
+                pages = -(-len(op.ids) // self.page_size)
+                slots = list(range(next_page * self.page_size, next_page * self.page_size + len(op.ids)))
+                next_page += pages
+                manager.insert_prefix(list(op.ids), slots)
+            elif op.kind == "match":
+                manager.match_prefix(list(op.ids))
+            elif op.kind == "lock":
+                handle, _ = manager.match_prefix(list(op.ids))
+                manager.lock_handle(handle)
+                handles[op.ids] = handle
+            elif op.kind == "unlock":
+                manager.lock_handle(handles[op.ids], unlock=True)
+            else:  # pragma: no cover - recipes are written in this package
+                raise ValueError(op.kind)
+        return manager, handles
+
+    def describe(self) -> str:
+        if self.name:
+            return self.name
+        steps = "; ".join(op.describe() for op in self.ops) if self.ops else "an empty tree"
+        return steps + (f" (page_size {self.page_size})" if self.page_size > 1 else "")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(op.ids) for op in self.ops if op.kind == "insert")
+
+
+def recipe(*ops: Op, page_size: int = 1) -> Recipe:
+    return Recipe(tuple(ops), page_size)
+
+
+def random_recipe(
+    seed: int, num_prompts: int, page_size: int = 1, vocab: int = 4, max_len: int = 12, lock_every: int = 0
+) -> Recipe:
+    """Prompts over a tiny vocabulary, so they share prefixes and split each other's nodes.
+
+    Every ``lock_every``-th prompt is locked (0: none); some earlier prompts are
+    matched again, so that last-use times are not just insertion order.
+    """
+    rng = random.Random(seed)
+    prompts: list[tuple[int, ...]] = []
+    ops: list[Op] = []
+    for i in range(num_prompts):
+        if prompts and rng.random() < 0.5:
+            base = rng.choice(prompts)
+            keep = rng.randint(0, len(base))
+            prompt = base[:keep] + tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len // 2)))
+        else:
+            prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len)))
+        prompts.append(prompt)
+        ops.append(insert(*prompt))
+        if lock_every and i % lock_every == lock_every - 1:
+            ops.append(lock(*prompt))
+        if rng.random() < 0.3:
+            ops.append(match(*rng.choice(prompts)))
+    name = f"a random tree from {num_prompts} prompts (seed {seed}" + (f", page_size {page_size}" if page_size > 1 else "") + ")"
+    return Recipe(tuple(ops), page_size, name)
+
+
+# -- finding nodes without changing the tree ---------------------------------
+
+
+def find_node(manager: RadixCacheManager, path: Sequence[int]) -> RadixTreeNode:
+    """The node whose path from the root spells exactly ``path`` (no split, no time stamp)."""
+    node = manager.root_node
+    pos = 0
+    while pos < len(path):
+        node = node.children[child_key(_np(path[pos:]), manager.page_size)]
+        pos += node.length
+    if pos != len(path) or tuple(path_of(node)) != tuple(path):  # pragma: no cover - recipes are written here
+        raise ValueError(f"no node ends exactly at {list(path)}")
+    return node
+
+
+def path_of(node: RadixTreeNode) -> list[int]:
+    """The tokens from the root down to ``node`` (what a handle on ``node`` stands for)."""
+    parts = []
+    seen = 0
+    while node is not None and node.parent is not None and seen < MAX_NODES:
+        parts.append(node.key.tolist())
+        node = node.parent
+        seen += 1
+    return [token for part in reversed(parts) for token in part]
+
+
+def _np(ids: Sequence[int]):  # noqa: ANN202 - a NumPy array, imported lazily with the manager
+    import numpy as np
+
+    return np.asarray(list(ids), dtype=np.int64)
+
+
+# -- snapshots ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeState:
+    filed_under: object
+    key: tuple[int, ...]
+    value: tuple[int, ...]
+    ref_count: int
+    timestamp: int
+    parent_ok: bool
+    """The node's ``parent`` is the node whose ``children`` list it."""
+    children: tuple[NodeState, ...]
+
+
+@dataclass(frozen=True)
+class TreeState:
+    root_ref_count: int
+    root_key_len: int
+    children: tuple[NodeState, ...]
+    evictable_size: int
+    protected_size: int
+    clock: int | None = None
+    """The manager's logical time when the snapshot was taken: nodes stamped with it were used by the last call."""
+
+
+def snapshot(manager: RadixCacheManager) -> TreeState:
+    count = [0]
+
+    def visit(node: RadixTreeNode) -> tuple[NodeState, ...]:
+        states = []
+        for filed_under, child in sorted(node.children.items(), key=lambda item: _sort_key(item[0])):
+            count[0] += 1
+            if count[0] > MAX_NODES:
+                raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?")
+            states.append(
+                NodeState(
+                    filed_under,
+                    tuple(int(t) for t in child.key.tolist()),
+                    tuple(int(s) for s in child.value.tolist()),
+                    int(child.ref_count),
+                    int(child.timestamp),
+                    child.parent is node,
+                    visit(child),
+                )
+            )
+        return tuple(states)
+
+    root = manager.root_node
+    clock = getattr(manager, "_clock", None)
+    return TreeState(
+        int(root.ref_count), int(root.length), visit(root), int(manager.evictable_size), int(manager.protected_size),
+        None if clock is None else int(clock),
+    )  # fmt: skip
+
+
+def _sort_key(filed_under: object) -> tuple:
+    if isinstance(filed_under, tuple):
+        return (1, filed_under)
+    if isinstance(filed_under, int):
+        return (0, (filed_under,))
+    return (2, (repr(filed_under),))
+
+
+def nodes_of(state: TreeState) -> list[NodeState]:
+    out: list[NodeState] = []
+    stack = list(reversed(state.children))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(node.children))
+    return out
+
+
+def all_slots(state: TreeState) -> list[int]:
+    return sorted(slot for node in nodes_of(state) for slot in node.value)
+
+
+# -- describing trees and their differences -------------------------------------
+
+
+def render(state: TreeState, values: bool = True, times: bool = True) -> str:
+    """The tree as indented text, one node per line, with the size counters."""
+    lines = [f"root (ref_count {state.root_ref_count})"]
+
+    def visit(nodes: tuple[NodeState, ...], prefix: str) -> None:
+        for i, node in enumerate(nodes):
+            last = i == len(nodes) - 1
+            parts = [_tokens(node.key)]
+            if values:
+                parts.append(f"slots {_tokens(node.value)}")
+            parts.append(f"ref {node.ref_count}")
+            if times:
+                parts.append(f"t={node.timestamp}")
+            if not node.parent_ok:
+                parts.append("parent link broken")
+            lines.append(prefix + ("└─ " if last else "├─ ") + " · ".join(parts))
+            visit(node.children, prefix + ("   " if last else "│  "))
+
+    visit(state.children, "")
+    lines.append(f"evictable_size {state.evictable_size}, protected_size {state.protected_size}")
+    return "\n".join(lines)
+
+
+def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
+    if len(values) <= limit:
+        return str(list(values))
+    return str(list(values[:limit]))[:-1] + f", … {len(values) - limit} more]"
+
+
+def compare(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> None:
+    """Raise :class:`Mismatch` naming the first difference, with both trees drawn."""
+    problem = first_difference(expected, got, values, times)
+    if problem is not None:
+        raise Mismatch(problem, render(expected, values, times), render(got, values, times))
+
+
+def first_difference(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> str | None:
+    if got.root_ref_count != expected.root_ref_count:
+        return f"the root's ref_count should stay {expected.root_ref_count}, but it is {got.root_ref_count}: never lock or unlock the root."
+    if got.root_key_len != 0:
+        return "the root must hold no tokens."
+    problem = _first_node_difference(expected.children, got.children, "the root", values)
+    if problem is not None:
+        return problem
+    if times:
+        problem = _time_order_difference(expected, got)
+        if problem is not None:
+            return problem
+    if got.evictable_size != expected.evictable_size:
+        return f"evictable_size should be {expected.evictable_size}, but it is {got.evictable_size}."
+    if got.protected_size != expected.protected_size:
+        return f"protected_size should be {expected.protected_size}, but it is {got.protected_size}."
+    return None
+
+
+def _first_node_difference(
+    expected: tuple[NodeState, ...], got: tuple[NodeState, ...], where: str, values: bool
+) -> str | None:
+    exp_by_key = {node.filed_under: node for node in expected}
+    got_by_key = {node.filed_under: node for node in got}
+    for key, node in exp_by_key.items():
+        if key not in got_by_key:
+            stray = next((g for g in got if g.key[:1] == node.key[:1]), None)
+            if stray is not None:
+                return (
+                    f"under {where}, the child starting {_tokens(node.key[:3])} should be filed under the key {key!r}, "
+                    f"but it is filed under {stray.filed_under!r}."
+                )
+            return f"under {where}, the node {_tokens(node.key)} is missing."
+    for key, node in got_by_key.items():
+        if key not in exp_by_key:
+            return f"under {where}, there should be no node {_tokens(node.key)}."
+    for key, exp in exp_by_key.items():
+        g = got_by_key[key]
+        name = f"the node {_tokens(exp.key)}"
+        if g.key != exp.key:
+            return f"under {where}, the node should hold the tokens {_tokens(exp.key)}, but it holds {_tokens(g.key)}."
+        if values and g.value != exp.value:
+            return f"{name} should hold the slots {_tokens(exp.value)}, but it holds {_tokens(g.value)}."
+        if g.ref_count != exp.ref_count:
+            return f"{name} should have ref_count {exp.ref_count}, but it has {g.ref_count}."
+        if not g.parent_ok:
+            return f"{name} is listed in the children of {where}, but its parent link points elsewhere."
+        problem = _first_node_difference(exp.children, g.children, name, values)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
+    """Compare the *order* of last use, not the clock values: the learner may tick the clock differently."""
+    exp_nodes, got_nodes = nodes_of(expected), nodes_of(got)
+    if _ranks([n.timestamp for n in exp_nodes]) == _ranks([n.timestamp for n in got_nodes]):
+        return None
+    for exp, mine in zip(exp_nodes, got_nodes):  # first, the usual slip: the time of this very call
+        name = f"the node {_tokens(exp.key)}"
+        if exp.timestamp == expected.clock != mine.timestamp and got.clock is not None:
+            return f"{name} was used by this call, so it should carry its time (t={got.clock}), but it has t={mine.timestamp}."
+        if exp.timestamp != expected.clock and mine.timestamp == got.clock:
+            return f"{name} was not used by this call and should keep its time, but it got the time of this call (t={mine.timestamp})."
+    for i, (a_exp, a_got) in enumerate(zip(exp_nodes, got_nodes)):
+        for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :]):
+            want, have = _cmp(a_exp.timestamp, b_exp.timestamp), _cmp(a_got.timestamp, b_got.timestamp)
+            if want != have:
+                a, b = f"the node {_tokens(a_exp.key)}", f"the node {_tokens(b_exp.key)}"
+                relation = {-1: "before", 0: "at the same time as", 1: "after"}
+                return (
+                    f"{a} should have been used {relation[want]} {b} (t={a_exp.timestamp} and t={b_exp.timestamp} in the expected tree), "
+                    f"but in yours it was used {relation[have]} it (t={a_got.timestamp} and t={b_got.timestamp})."
+                )
+    return None  # pragma: no cover - equal ranks were ruled out above
+
+
+def _cmp(a: int, b: int) -> int:
+    return (a > b) - (a < b)
+
+
+def _ranks(times: list[int]) -> list[int]:
+    order = {t: i for i, t in enumerate(sorted(set(times)))}
+    return [order[t] for t in times]

@@ -1,0 +1,391 @@
+"""Chapter 4's second half: nano-vllm's hash-chained block table, and its checks.
+
+nano-vllm (``nanovllm/engine/block_manager.py``) caches whole blocks, not
+arbitrary prefixes. Each full block gets a hash that chains in the hash of the
+block before it, so equal hashes mean equal *prefixes*, not just equal blocks.
+A request's prefix is cached as far as its leading blocks' hashes are found.
+There is no tree and no lock on a path: each block has a reference count, and a
+block whose count drops to zero goes back on the free list *keeping its hash*,
+so it can still be hit until someone reuses its memory.
+
+The scaffold a learner builds on -- :class:`Block`, :class:`BlockPool` and
+:func:`compute_hash` -- is public. minikv's own ``allocate`` and ``deallocate``
+are private here: they are the reference the checks compare against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._validate import as_positive
+from ..errors import OutOfSlotsError
+from ._core import Case, Mismatch, call, exercise, expect_equal, outcome, raised
+
+_F = Callable[..., object]
+
+
+@dataclass
+class Block:
+    """One block of ``block_size`` token slots."""
+
+    block_id: int
+    ref_count: int = 0
+    """Requests using this block right now."""
+    hash: int = -1
+    """The chained hash of the prefix ending with this block; -1 while the block is not full."""
+    token_ids: tuple[int, ...] = ()
+    """The block's tokens, kept to rule out hash collisions."""
+
+
+@dataclass
+class BlockPool:
+    """Every block, the hash table of full blocks, and the free list (oldest first)."""
+
+    num_blocks: int
+    block_size: int
+    blocks: list[Block] = field(init=False)
+    hash_to_block: dict[int, int] = field(init=False, default_factory=dict)
+    free_block_ids: deque[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_blocks = as_positive(self.num_blocks, "num_blocks")
+        self.block_size = as_positive(self.block_size, "block_size")
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free_block_ids = deque(range(self.num_blocks))
+
+    def describe(self) -> str:
+        """The pool's state as text, the way the checks print it."""
+        used = [f"{b.block_id}(ref {b.ref_count}{', hashed' if b.hash != -1 else ''})" for b in self.blocks if b.ref_count]
+        cached = sorted(self.hash_to_block.values())
+        return (
+            f"in use: {', '.join(used) or 'none'}\n"
+            f"free list: {list(self.free_block_ids)}\n"
+            f"hash table points at blocks: {cached}"
+        )
+
+
+def compute_hash(token_ids: Sequence[int], prefix_hash: int = -1) -> int:
+    """The hash of a block given the hash of the prefix before it (-1 for the first block).
+
+    As nano-vllm does with xxh64: hash the prefix's hash (8 bytes, little-endian),
+    then the token ids. blake2b is in the standard library, so nothing extra is installed.
+    """
+    h = hashlib.blake2b(digest_size=8)
+    if prefix_hash != -1:
+        h.update(prefix_hash.to_bytes(8, "little"))
+    h.update(np.asarray(list(token_ids), dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+# -- the reference ----------------------------------------------------------------
+
+
+def _block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    ids = list(token_ids)
+    hashes: list[int] = []
+    prefix = -1
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        prefix = compute_hash(ids[start : start + block_size], prefix)
+        hashes.append(prefix)
+    return hashes
+
+
+def _allocate(pool: BlockPool, token_ids: Sequence[int]) -> tuple[list[int], int]:
+    ids = list(token_ids)
+    bs = pool.block_size
+    num_blocks = math.ceil(len(ids) / bs)
+    hashes = _block_hashes(ids, bs)
+    hits: list[int] = []
+    # The last block is never reused: at least one token must be computed (nano-vllm issue #144).
+    for i in range(min(len(hashes), num_blocks - 1)):
+        block_id = pool.hash_to_block.get(hashes[i])
+        if block_id is None or pool.blocks[block_id].token_ids != tuple(ids[i * bs : (i + 1) * bs]):
+            break
+        hits.append(block_id)
+    needed = num_blocks - sum(1 for b in hits if pool.blocks[b].ref_count > 0)
+    if needed > len(pool.free_block_ids):
+        raise OutOfSlotsError(f"token_ids: {num_blocks} blocks needed, {len(pool.free_block_ids)} free")
+    table = []
+    for i in range(num_blocks):
+        if i < len(hits):
+            block = pool.blocks[hits[i]]
+            if block.ref_count == 0:
+                pool.free_block_ids.remove(block.block_id)
+            block.ref_count += 1
+        else:
+            block = pool.blocks[pool.free_block_ids.popleft()]
+            if block.hash != -1 and pool.hash_to_block.get(block.hash) == block.block_id:
+                del pool.hash_to_block[block.hash]
+            block.ref_count, block.hash, block.token_ids = 1, -1, ()
+            if i < len(hashes):
+                block.hash, block.token_ids = hashes[i], tuple(ids[i * bs : (i + 1) * bs])
+                pool.hash_to_block[block.hash] = block.block_id
+        table.append(block.block_id)
+    return table, len(hits) * bs
+
+
+def _deallocate(pool: BlockPool, block_table: Sequence[int]) -> None:
+    # Reverse order: the tail blocks go back first, so they are reused before the prefix blocks.
+    for block_id in reversed(list(block_table)):
+        block = pool.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            pool.free_block_ids.append(block_id)
+
+
+# -- comparing pools ------------------------------------------------------------------
+
+
+def _state(pool: BlockPool) -> tuple:
+    return (
+        [(b.ref_count, b.hash, tuple(b.token_ids)) for b in pool.blocks],
+        dict(pool.hash_to_block),
+        list(pool.free_block_ids),
+    )
+
+
+def _compare_pools(expected: BlockPool, got: BlockPool, when: str) -> None:
+    exp_blocks, exp_table, exp_free = _state(expected)
+    got_blocks, got_table, got_free = _state(got)
+    for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks)):
+        if e[0] != g[0]:
+            raise Mismatch(f"{when}, block {block_id} should have ref_count {e[0]}.", expected.describe(), got.describe())
+        if e[1] != g[1] or e[2] != g[2]:
+            state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
+            raise Mismatch(
+                f"{when}, block {block_id} should {state}: hash {e[1]}, tokens {list(e[2])}; it has hash {g[1]}, tokens {list(g[2])}.",
+                expected.describe(),
+                got.describe(),
+            )
+    if exp_table != got_table:
+        missing = sorted(set(exp_table.items()) - set(got_table.items()))
+        extra = sorted(set(got_table.items()) - set(exp_table.items()))
+        problem = f"{when}, the hash table is wrong"
+        if extra:
+            problem += f": it should not map hash {extra[0][0]} to block {extra[0][1]}"
+            if got.blocks[extra[0][1]].hash != extra[0][0]:
+                problem += " (that block now holds other tokens: remove stale entries when a block is reused)"
+        elif missing:
+            problem += f": it should map hash {missing[0][0]} to block {missing[0][1]}"
+        raise Mismatch(problem + ".", expected.describe(), got.describe())
+    if exp_free != got_free:
+        raise Mismatch(f"{when}, the free list is wrong (its order decides which block is reused next).", str(exp_free), str(got_free))
+
+
+@dataclass(frozen=True)
+class PoolScenario:
+    description: str
+    ops: tuple[tuple, ...]  # ("alloc", name, ids) | ("free", name) | ("collide", name)
+    num_blocks: int = 8
+    block_size: int = 4
+
+    @property
+    def size(self) -> int:
+        return sum(len(op[2]) for op in self.ops if op[0] == "alloc")
+
+
+def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple, ...]:
+    rng = random.Random(seed)
+    prompts: list[tuple[int, ...]] = []
+    running: list[str] = []
+    ops: list[tuple] = []
+    for i in range(count):
+        if prompts and rng.random() < 0.6:
+            base = rng.choice(prompts)
+            prompt = base[: rng.randint(0, len(base))] + tuple(rng.randrange(3) for _ in range(rng.randint(1, 2 * block_size)))
+        else:
+            prompt = tuple(rng.randrange(3) for _ in range(rng.randint(1, 3 * block_size)))
+        prompts.append(prompt)
+        ops.append(("alloc", f"r{i}", prompt))
+        running.append(f"r{i}")
+        while len(running) > 2 or (running and rng.random() < 0.4):
+            ops.append(("free", running.pop(rng.randrange(len(running)))))
+    ops.extend(("free", name) for name in running)
+    return tuple(ops)
+
+
+SCENARIOS = [
+    PoolScenario("an empty prompt needs no block", (("alloc", "A", ()),)),
+    PoolScenario("5 tokens, block_size 4: one full block (hashed) and one partial block (not hashed)", (("alloc", "A", (1, 2, 3, 4, 5)),)),
+    PoolScenario(
+        "the same prompt while the first still runs: the full block is shared (ref_count 2)",
+        (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 5))),
+    ),
+    PoolScenario(
+        "a prompt of exactly two blocks, seen before: its last block is computed again, never reused",
+        (("alloc", "A", tuple(range(8))), ("alloc", "B", tuple(range(8)))),
+    ),
+    PoolScenario(
+        "the first block is shared, the second differs",
+        (("alloc", "A", (1, 2, 3, 4, 5, 6, 7, 8, 9)), ("alloc", "B", (1, 2, 3, 4, 9, 9, 9, 9, 9))),
+    ),
+    PoolScenario(
+        "after the first request finished, its freed block is taken back from the free list",
+        (("alloc", "A", (1, 2, 3, 4, 5)), ("free", "A"), ("alloc", "B", (1, 2, 3, 4, 6))),
+    ),
+    PoolScenario(
+        "a block whose hash matches but whose tokens differ (a collision) is not reused",
+        (("alloc", "A", (1, 2, 3, 4, 5)), ("collide", "A"), ("alloc", "B", (1, 2, 3, 4, 5))),
+    ),
+    PoolScenario(
+        "a reused block's old hash is removed from the hash table",
+        (("alloc", "A", (1, 2, 3, 4)), ("free", "A"), ("alloc", "B", (5, 6, 7, 8, 9)), ("alloc", "C", (1, 2, 3, 4, 1))),
+        num_blocks=2,
+    ),
+    PoolScenario(
+        "not enough free blocks: raise OutOfSlotsError and change nothing",
+        (("alloc", "A", tuple(range(12))), ("alloc", "B", tuple(range(20, 30)))),
+        num_blocks=4,
+    ),
+    PoolScenario(
+        "a cached prefix on free blocks: taking it back uses free blocks too",
+        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", tuple(range(8)) + (50, 51, 52, 53, 54))),
+        num_blocks=4,
+    ),
+    PoolScenario(
+        "4 blocks needed, 2 of them cached but free, 3 free in all: OutOfSlotsError",
+        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", tuple(range(8)) + (50, 51, 52, 53, 54))),
+        num_blocks=3,
+    ),
+    PoolScenario("12 requests over a tiny vocabulary, block_size 2", _random_ops(1, 12, 2), num_blocks=24, block_size=2),
+    PoolScenario("12 requests over a tiny vocabulary, block_size 3", _random_ops(2, 12, 3), num_blocks=20, block_size=3),
+]
+
+
+def _run_scenario(scenario: PoolScenario, allocate: _F, deallocate: _F, learner_allocates: bool) -> None:
+    mine = BlockPool(scenario.num_blocks, scenario.block_size)
+    ref = BlockPool(scenario.num_blocks, scenario.block_size)
+    tables: dict[str, tuple[list[int], list[int]]] = {}
+    for number, op in enumerate(scenario.ops, 1):
+        when = f"after step {number} ({_describe_op(op)})"
+        if op[0] == "collide":
+            for pool in (mine, ref):
+                block = pool.blocks[tables[op[1]][0 if pool is mine else 1][0]]
+                block.token_ids = tuple(t + 100 for t in block.token_ids)
+            continue
+        if op[0] == "alloc":
+            _, name, ids = op
+            try:
+                expected = _allocate(ref, ids)
+            except OutOfSlotsError:
+                expected = None
+            if learner_allocates:
+                before = _state(mine)
+                result, error = raised(allocate, mine, list(ids))
+                if expected is None:
+                    if not isinstance(error, OutOfSlotsError):
+                        raise Mismatch(
+                            f"step {number} needs more blocks than are free: raise OutOfSlotsError before changing anything.",
+                            "OutOfSlotsError",
+                            outcome(error, returned="returned normally"),
+                        )
+                    if _state(mine) != before:
+                        raise Mismatch(f"step {number} raised, but the pool had already changed: check first, then change.")
+                    continue
+                if error is not None:
+                    raise Mismatch(f"step {number} ({_describe_op(op)}): your function {outcome(error)}.")
+                table, cached = _unpack(result)
+                expect_equal(f"the block table of step {number}", expected[0], table)
+                expect_equal(f"the number of cached tokens of step {number}", expected[1], cached)
+            else:
+                if expected is None:
+                    continue
+                table = _allocate(mine, ids)[0]
+                expected = (list(expected[0]), expected[1])
+            tables[name] = (table, expected[0])
+        else:
+            _, name = op
+            mine_table, ref_table = tables.pop(name)
+            _deallocate(ref, ref_table)
+            if learner_allocates:
+                _deallocate(mine, mine_table)
+            else:
+                call(deallocate, mine, list(mine_table))
+        _compare_pools(ref, mine, when)
+
+
+def _describe_op(op: tuple) -> str:
+    if op[0] == "alloc":
+        return f"allocate {op[1]} = {list(op[2])}"
+    if op[0] == "free":
+        return f"deallocate {op[1]}"
+    return f"corrupt {op[1]}'s first block so its tokens no longer match its hash"
+
+
+def _unpack(result: object) -> tuple[list[int], int]:
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise Mismatch("return a pair (block_table, num_cached_tokens).", "(list of block ids, int)", repr(result))
+    table, cached = result
+    if not isinstance(table, list) or not all(isinstance(b, int) for b in table):
+        raise Mismatch("the block table must be a list of block ids (ints).", "list[int]", repr(table))
+    return table, cached
+
+
+# -- the exercises ---------------------------------------------------------------------
+
+
+@exercise("blocks.block_hashes", "the chained hash of every full block")
+def _hash_cases() -> list[Case]:
+    inputs = [
+        ("no tokens", (), 4),
+        ("fewer tokens than one block: no full block, no hash", (1, 2, 3), 4),
+        ("exactly one block", (1, 2, 3, 4), 4),
+        ("two full blocks and a partial one", tuple(range(10)), 4),
+        ("the same block twice in a row: the chain gives each a different hash", (7, 7, 7, 7, 7, 7), 3),
+        ("block_size 1", (5, 6, 7), 1),
+        ("block_size 16, 50 tokens", tuple(i % 5 for i in range(50)), 16),
+    ]
+
+    def make(desc: str, ids: tuple[int, ...], block_size: int) -> Case:
+        def run(fn: _F) -> None:
+            got = call(fn, list(ids), block_size)
+            expected = _block_hashes(ids, block_size)
+            if not isinstance(got, list):
+                raise Mismatch("return a list of ints.", "a list", type(got).__name__)
+            if got == expected:
+                return
+            unchained = [compute_hash(ids[i : i + block_size]) for i in range(0, len(ids) - block_size + 1, block_size)]
+            hint = ""
+            if len(got) != len(expected):
+                hint = f" There are {len(ids) // block_size} full blocks; a partial block gets no hash."
+            elif got == unchained:
+                hint = " Each block's hash must chain in the previous block's hash (prefix_hash), so equal blocks at different places differ."
+            raise Mismatch(f"block_hashes({list(ids)}, {block_size}) is wrong.{hint}", str(expected), str(got))
+
+        return Case(desc, len(ids), run)
+
+    return [make(*i) for i in inputs]
+
+
+@exercise("blocks.allocate", "a block table that reuses cached blocks, nano-vllm style")
+def _allocate_cases() -> list[Case]:
+    def make(scenario: PoolScenario) -> Case:
+        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, fn, _deallocate, True))
+
+    return [make(s) for s in SCENARIOS]
+
+
+@exercise("blocks.deallocate", "give a finished request's blocks back, keeping their hashes")
+def _deallocate_cases() -> list[Case]:
+    scenarios = [s for s in SCENARIOS if any(op[0] == "free" for op in s.ops)] + [
+        PoolScenario(
+            "three blocks freed at once: the tail goes back first",
+            (("alloc", "A", tuple(range(11))), ("free", "A")),
+        ),
+        PoolScenario(
+            "a shared block survives until its last user leaves",
+            (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 6)), ("free", "A"), ("free", "B")),
+        ),
+    ]
+
+    def make(scenario: PoolScenario) -> Case:
+        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, _allocate, fn, False))
+
+    return [make(s) for s in scenarios]

@@ -1,0 +1,478 @@
+"""Checks for chapter 2: the seven steps of a request, and the slots it must give back.
+
+Each case is a *scenario*: requests admitted, stored and finished in a given
+order against a real manager, page pool and KV cache. The learner's function
+plays its part in one copy of the world and :mod:`minikv.lifecycle` plays it in
+a twin; afterwards the two must agree, and the learner's world must account for
+every slot: free in the pool, held by the tree, or held by a running request --
+never two of these at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import minikv as _minikv
+
+from .. import lifecycle as _lifecycle
+from ..base import KVCacheLayout
+from ..errors import IntegrityError, OutOfSlotsError
+from ..lifecycle import Request
+from ..mha_pool import MHAKVCache
+from ..page_pool import PagePool
+from ..radix_manager import RadixCacheHandle, RadixCacheManager, child_key
+from . import _trees
+from ._core import Case, Mismatch, call, exercise, expect_int, outcome, raised, unexpected
+
+_F = Callable[..., object]
+HEADS, HEAD_DIM, LAYERS = 2, 4, 2
+
+
+def kv_fn(layer: int, input_ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in for a forward pass: K/V of tokens ``input_ids[start:]``, unique per layer, position and token."""
+    ids = torch.as_tensor(input_ids)[start:].to(torch.float32)
+    pos = torch.arange(start, start + len(ids), dtype=torch.float32)
+    base = (layer + 1) * 10_000 + pos * 100 + ids
+    k = base[:, None, None] + torch.arange(HEADS * HEAD_DIM, dtype=torch.float32).view(HEADS, HEAD_DIM) / 64
+    return k, -k
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "serve" | "admit" | "finish"
+    name: str
+    ids: tuple[int, ...] = ()
+
+
+def serve(*ids: int) -> Event:
+    return Event("serve", "", ids)
+
+
+def admit(name: str, *ids: int) -> Event:
+    return Event("admit", name, ids)
+
+
+def finish(name: str) -> Event:
+    return Event("finish", name)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    description: str
+    events: tuple[Event, ...]
+    page_size: int = 1
+    num_pages: int = 32
+
+    @property
+    def size(self) -> int:
+        return sum(len(e.ids) for e in self.events)
+
+
+class World:
+    """A manager, a pool and a KV cache, plus the requests that are running."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        ps = scenario.page_size
+        self.manager = RadixCacheManager("cpu", page_size=ps)
+        self.pool = PagePool(scenario.num_pages, ps)
+        self.kv_cache = MHAKVCache(HEADS, LAYERS, HEAD_DIM, scenario.num_pages, torch.float32, KVCacheLayout.LayerFirst, "cpu", page_size=ps)
+        self.running: dict[str, Request] = {}
+
+    def admit(self, name: str, ids: tuple[int, ...]) -> Request:
+        request = _lifecycle.admit(self.manager, self.pool, list(ids))
+        _lifecycle.store(request, self.kv_cache, kv_fn)
+        self.running[name] = request
+        return request
+
+    def running_pages(self) -> int:
+        return sum(self.pool.pages_for(len(r.own_slots())) for r in self.running.values())
+
+
+def _ids(ids: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+# -- what every learner world must satisfy ---------------------------------------
+
+
+def check_accounting(world: World, when: str) -> None:
+    """Integrity of the tree, and every page in exactly one place."""
+    try:
+        world.manager.check_integrity()
+    except IntegrityError as error:
+        raise Mismatch(f"{when}, the radix tree is corrupted: {error}") from None
+    state = _trees.snapshot(world.manager)
+    tree_slots = set(_trees.all_slots(state))
+    free = set(world.pool.free_slots().tolist())
+    shared = sorted(tree_slots & free)
+    if shared:
+        raise Mismatch(
+            f"{when}, the slots {shared} are free in the pool although the tree still holds them: "
+            "the next request would overwrite a cached prefix. Free only the request's own duplicates, "
+            "indices[cached_len:already_cached], never indices[:already_cached]."
+        )
+    ps = world.pool.page_size
+    tree_pages = state.evictable_size // ps + state.protected_size // ps
+    accounted = world.pool.num_free_pages + tree_pages + world.running_pages()
+    if accounted != world.pool.num_pages:
+        lost = world.pool.num_pages - accounted
+        raise Mismatch(
+            f"{when}, {lost} page(s) are neither free, nor held by the tree, nor by a running request: they leaked."
+            if lost > 0
+            else f"{when}, {-lost} page(s) are counted twice (free and in use).",
+            f"{world.pool.num_pages} pages = free + tree + running",
+            f"{world.pool.num_free_pages} free + {tree_pages} in the tree + {world.running_pages()} running",
+        )
+
+
+def check_kv(world: World, ids: tuple[int, ...], when: str) -> None:
+    """The KV rows the tree points at for ``ids`` are the ones the forward pass produced."""
+    slots = _cached_slots(world.manager, ids)
+    if not slots:
+        return
+    index = torch.tensor(slots)
+    ps = world.pool.page_size
+    for layer in range(LAYERS):
+        k, v = kv_fn(layer, _ids(ids), 0)
+        for label, cache, src in (("K", world.kv_cache.k_cache(layer), k), ("V", world.kv_cache.v_cache(layer), v)):
+            rows = cache[index // ps, index % ps]
+            wrong = (rows != src[: len(slots)]).flatten(1).any(dim=1).nonzero().flatten()
+            if len(wrong):
+                pos = int(wrong[0])
+                raise Mismatch(
+                    f"{when}, the {label} cache of layer {layer} does not hold the KV of token {pos} "
+                    f"(id {ids[pos]}) in slot {slots[pos]}, the slot the tree points at. "
+                    "Store the new tokens' K/V (kv_fn(layer, input_ids, cached_len)) into the request's own slots, indices[cached_len:]."
+                )
+
+
+def _cached_slots(manager: RadixCacheManager, ids: tuple[int, ...]) -> list[int]:
+    """The slots of the longest cached prefix of ``ids``, read without splitting or stamping anything."""
+    import numpy as np
+
+    array = np.asarray(ids, dtype=np.int64)
+    node, pos, slots = manager.root_node, 0, []
+    ps = manager.page_size
+    while len(array) - pos >= ps:
+        child = node.children.get(child_key(array[pos:], ps))
+        if child is None:
+            break
+        n = child.get_match_len(array[pos:])
+        slots.extend(child.value[: n - n % ps].tolist())
+        if n < child.length:
+            break
+        node, pos = child, pos + n
+    return slots
+
+
+def compare_worlds(expected: World, got: World, when: str) -> None:
+    _trees.compare(_trees.snapshot(expected.manager), _trees.snapshot(got.manager), values=False, times=False)
+    if got.pool.num_free_pages != expected.pool.num_free_pages:
+        raise Mismatch(
+            f"{when}, the pool should have {expected.pool.num_free_pages} free pages.",
+            str(expected.pool.num_free_pages),
+            str(got.pool.num_free_pages),
+        )
+
+
+# -- scenarios ------------------------------------------------------------------
+
+
+def _random_events(seed: int, count: int, vocab: int, max_len: int, concurrent: bool) -> tuple[Event, ...]:
+    rng = random.Random(seed)
+    prompts: list[tuple[int, ...]] = []
+    events: list[Event] = []
+    running: list[str] = []
+    for i in range(count):
+        if prompts and rng.random() < 0.6:
+            base = rng.choice(prompts)
+            prompt = base[: rng.randint(0, len(base))] + tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len // 2)))
+        else:
+            prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len)))
+        prompts.append(prompt)
+        if concurrent:
+            events.append(admit(f"r{i}", *prompt))
+            running.append(f"r{i}")
+            if len(running) >= 2 and rng.random() < 0.6:
+                events.append(finish(running.pop(rng.randrange(len(running)))))
+        else:
+            events.append(serve(*prompt))
+    events.extend(finish(name) for name in running)
+    return tuple(events)
+
+
+SERVE_SCENARIOS = [
+    Scenario("one request on an empty cache", (serve(1, 2, 3, 4),)),
+    Scenario("a second request shares a 3-token prefix with the first", (serve(1, 2, 3, 4), serve(1, 2, 3, 9, 9))),
+    Scenario("the same prompt twice: the second is served entirely from the cache", (serve(5, 6, 7), serve(5, 6, 7))),
+    Scenario("a prompt that is a prefix of a cached one", (serve(1, 2, 3, 4, 5), serve(1, 2, 3))),
+    Scenario(
+        "the pool is full: the least recently used prefix is evicted to make room",
+        (serve(1, 2, 3, 4), serve(5, 6, 7, 8), serve(9, 9, 9, 9)),
+        num_pages=8,
+    ),
+    Scenario(
+        "too little memory even after eviction: raise OutOfSlotsError and leave nothing locked",
+        (serve(1, 2, 3, 4, 5, 6), serve(1, 2, 3, 4, 5, 6, 7, 8, 9)),
+        num_pages=8,
+    ),
+    Scenario(
+        "page_size 4: a 10-token prompt leaves a 2-token partial page to give back",
+        (serve(*range(1, 11)), serve(*range(1, 13))),
+        page_size=4,
+        num_pages=8,
+    ),
+    Scenario("page_size 4: a prompt shorter than one page caches nothing", (serve(1, 2, 3), serve(1, 2, 3)), page_size=4, num_pages=4),
+    Scenario("12 requests over a tiny vocabulary with a small pool (page_size 1)", _random_events(1, 12, 3, 8, False), num_pages=24),
+    Scenario("12 requests with a small pool, page_size 2", _random_events(2, 12, 3, 10, False), page_size=2, num_pages=16),
+]
+
+FINISH_SCENARIOS = [
+    Scenario("a request on an empty cache", (admit("A", 1, 2, 3, 4), finish("A"))),
+    Scenario("a request whose prefix was cached", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5), finish("A"))),
+    Scenario(
+        "two identical requests run together: all of the second's slots are duplicates",
+        (admit("A", 1, 2, 3, 4), admit("B", 1, 2, 3, 4), finish("A"), finish("B")),
+    ),
+    Scenario(
+        "B matched 2 tokens; while it ran, A cached 3 more of B's tokens",
+        (serve(7, 8), admit("A", 7, 8, 1, 2, 3, 9), admit("B", 7, 8, 1, 2, 3, 4), finish("A"), finish("B")),
+    ),
+    Scenario("page_size 4: a 10-token prompt gives back its 2-token partial page", (admit("A", *range(1, 11)), finish("A")), page_size=4, num_pages=8),
+    Scenario("page_size 4: a 3-token prompt is too short to cache", (admit("A", 1, 2, 3), finish("A")), page_size=4, num_pages=4),
+    Scenario(
+        "page_size 2: concurrent duplicates and a partial page",
+        (admit("A", *range(1, 8)), admit("B", *range(1, 6)), finish("A"), finish("B")),
+        page_size=2,
+        num_pages=16,
+    ),
+    Scenario("10 overlapping requests finishing out of order (page_size 1)", _random_events(3, 10, 3, 8, True), num_pages=64),
+    Scenario("10 overlapping requests finishing out of order (page_size 2)", _random_events(4, 10, 3, 9, True), page_size=2, num_pages=64),
+]
+
+ADMIT_SCENARIOS = [
+    Scenario("an empty cache: nothing matches, every slot is new", (admit("A", 1, 2, 3, 4),)),
+    Scenario("a cached 3-token prefix is matched and locked", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5))),
+    Scenario("the whole prompt is cached", (serve(1, 2, 3, 4), admit("A", 1, 2, 3, 4))),
+    Scenario(
+        "the pool is full: another prefix must be evicted, never the one just matched",
+        (serve(1, 2, 3, 4), serve(5, 6, 7, 8), admit("A", 5, 6, 7, 8, 9, 9, 9)),
+        num_pages=8,
+    ),
+    Scenario(
+        "not enough memory: raise OutOfSlotsError and leave nothing locked",
+        (serve(1, 2, 3, 4, 5, 6), admit("A", 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+        num_pages=8,
+    ),
+    Scenario("page_size 4: only whole pages match", (serve(*range(1, 11)), admit("A", *range(1, 11), 50)), page_size=4, num_pages=8),
+]
+
+
+# -- lifecycle.slots_to_free ---------------------------------------------------------
+
+
+@exercise("lifecycle.slots_to_free", "the slots a finished request gives back to the pool")
+def _slots_to_free_cases() -> list[Case]:
+    def make(scenario: Scenario) -> Case:
+        def run(fn: _F) -> None:
+            world = World(scenario)
+            for event in scenario.events:
+                if event.kind == "serve":
+                    _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
+                elif event.kind == "admit":
+                    world.admit(event.name, event.ids)
+                else:
+                    request = world.running.pop(event.name)
+                    free_before = set(world.pool.free_slots().tolist())
+                    already = _lifecycle.finish(world.manager, world.pool, request)
+                    freed = set(world.pool.free_slots().tolist()) - free_before
+                    expected = [s for s in request.indices.tolist() if s in freed]
+                    args = (request.indices.clone(), request.cached_len, already, scenario.page_size)
+                    got = call(fn, *args)
+                    if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
+                        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
+                    if got.tolist() != expected:
+                        raise Mismatch(
+                            f"slots_to_free(indices={request.indices.tolist()}, cached_len={request.cached_len}, "
+                            f"already_cached={already}, page_size={scenario.page_size}) is wrong. "
+                            "The first cached_len slots belong to the tree; the duplicates are indices[cached_len:already_cached]; "
+                            "with page_size > 1 the tail after the last whole page was not inserted either.",
+                            str(expected),
+                            str(got.tolist()),
+                        )
+
+        return Case(scenario.description, scenario.size, run)
+
+    return [make(s) for s in FINISH_SCENARIOS]
+
+
+# -- lifecycle.admit ---------------------------------------------------------------
+
+
+@exercise(
+    "lifecycle.admit",
+    "steps 1-3: match, lock, allocate",
+    forbid=((_lifecycle, "admit"), (_lifecycle, "serve"), (_minikv, "admit"), (_minikv, "serve")),
+)
+def _admit_cases() -> list[Case]:
+    def make(scenario: Scenario) -> Case:
+        def run(fn: _F) -> None:
+            mine, ref = World(scenario), World(scenario)
+            for event in scenario.events[:-1]:
+                for world in (mine, ref):
+                    _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
+            ids = scenario.events[-1].ids
+            try:
+                expected: Request | None = _lifecycle.admit(ref.manager, ref.pool, list(ids))
+            except OutOfSlotsError:
+                expected = None
+            result, error = raised(fn, mine.manager, mine.pool, _ids(ids))
+            if expected is None:
+                if not isinstance(error, OutOfSlotsError):
+                    what = outcome(error, returned="returned normally")
+                    raise Mismatch(
+                        "the pool cannot supply enough slots even after evicting every unlocked prefix, so admit must fail "
+                        "with OutOfSlotsError (as pool.allocate does). Did you lock the match before allocating?",
+                        "OutOfSlotsError",
+                        what,
+                    )
+                if mine.manager.size_info.protected_size:
+                    raise Mismatch(
+                        "after the failed allocation the match is still locked: unlock it before letting the error out.",
+                        "protected_size 0",
+                        f"protected_size {mine.manager.size_info.protected_size}",
+                    )
+                compare_worlds(ref, mine, "after the failed admit")
+                return
+            if error is not None:
+                raise unexpected(error)
+            handle, indices = _unpack_admit(result)
+            if handle.cached_len != expected.cached_len:
+                raise Mismatch("the handle's cached_len is wrong.", str(expected.cached_len), str(handle.cached_len))
+            if indices.tolist()[: expected.cached_len] != expected.indices.tolist()[: expected.cached_len]:
+                raise Mismatch(
+                    "the first cached_len slots must be the matched prefix's slots, in order.",
+                    str(expected.indices.tolist()),
+                    str(indices.tolist()),
+                )
+            if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(indices) != len(ids):
+                raise Mismatch(
+                    f"the request needs {len(ids) - expected.cached_len} new slots from pool.allocate(..., evict_from=manager), after the matched ones.",
+                    str(expected.indices.tolist()),
+                    str(indices.tolist()),
+                )
+            _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=False)
+            mine.running["A"] = Request(expected.input_ids, handle, indices)
+            check_accounting(mine, "after your admit")
+            for world, request in ((mine, mine.running.pop("A")), (ref, expected)):
+                _lifecycle.finish(world.manager, world.pool, request)
+            if mine.manager.size_info.protected_size:
+                raise Mismatch(
+                    "after the request finished (one unlock), part of the tree is still locked: lock the handle exactly once.",
+                    "protected_size 0",
+                    f"protected_size {mine.manager.size_info.protected_size}",
+                )
+
+        return Case(scenario.description, scenario.size, run)
+
+    return [make(s) for s in ADMIT_SCENARIOS]
+
+
+def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise Mismatch("return a pair (handle, indices).", "(handle, indices)", repr(result))
+    handle, indices = result
+    if not isinstance(handle, RadixCacheHandle):
+        raise Mismatch("the first element must be the handle match_prefix returned.", "a RadixCacheHandle", type(handle).__name__)
+    if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point:
+        raise Mismatch("the second element must be an integer tensor of slots.", "a tensor", repr(indices))
+    return handle, indices
+
+
+# -- lifecycle.finish ----------------------------------------------------------------
+
+
+@exercise(
+    "lifecycle.finish",
+    "steps 4, 5 and 7: insert, free the duplicates, unlock",
+    forbid=((_lifecycle, "finish"), (_lifecycle, "serve"), (_minikv, "finish"), (_minikv, "serve")),
+)
+def _finish_cases() -> list[Case]:
+    def make(scenario: Scenario) -> Case:
+        def run(fn: _F) -> None:
+            mine, ref = World(scenario), World(scenario)
+            for event in scenario.events:
+                if event.kind == "serve":
+                    for world in (mine, ref):
+                        _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
+                elif event.kind == "admit":
+                    for world in (mine, ref):
+                        world.admit(event.name, event.ids)
+                else:
+                    when = f"after your finish of request {event.name}"
+                    theirs, request = ref.running.pop(event.name), mine.running.pop(event.name)
+                    expected = _lifecycle.finish(ref.manager, ref.pool, theirs)
+                    got = expect_int("finish's result", call(fn, mine.manager, mine.pool, _ids(request.input_ids.tolist()), request.handle, request.indices))
+                    if got != expected:
+                        raise Mismatch(f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got))
+                    check_accounting(mine, when)
+                    compare_worlds(ref, mine, when)
+                    locked = mine.manager.size_info.protected_size - ref.manager.size_info.protected_size
+                    if locked:
+                        raise Mismatch(f"{when}, {locked} slots are still locked: unlock the request's handle (step 7).")
+
+        return Case(scenario.description, scenario.size, run)
+
+    return [make(s) for s in FINISH_SCENARIOS]
+
+
+# -- lifecycle.serve -----------------------------------------------------------------
+
+
+@exercise(
+    "lifecycle.serve",
+    "all seven steps of one request",
+    forbid=tuple((owner, name) for owner in (_lifecycle, _minikv) for name in ("admit", "finish", "serve")),
+)
+def _serve_cases() -> list[Case]:
+    def make(scenario: Scenario) -> Case:
+        def run(fn: _F) -> None:
+            mine, ref = World(scenario), World(scenario)
+            for number, event in enumerate(scenario.events, 1):
+                when = f"after request {number} ({list(event.ids)})"
+                try:
+                    expected: int | None = _lifecycle.serve(ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn).cached_len
+                except OutOfSlotsError:
+                    expected = None
+                got, error = raised(fn, mine.manager, mine.pool, _ids(event.ids), mine.kv_cache, kv_fn)
+                if expected is None:
+                    if not isinstance(error, OutOfSlotsError):
+                        what = outcome(error, returned="returned normally")
+                        raise Mismatch(
+                            f"request {number} cannot get enough slots even after evicting every unlocked prefix: "
+                            "it must fail with OutOfSlotsError. (Did you lock the match before allocating?)",
+                            "OutOfSlotsError",
+                            what,
+                        )
+                    when = f"after request {number} failed"
+                else:
+                    if error is not None:
+                        raise unexpected(error)
+                    got = expect_int("serve's result (the number of cached tokens)", got)
+                    if got != expected:
+                        raise Mismatch(f"request {number}: return how many prompt tokens came from the cache.", str(expected), str(got))
+                    check_kv(mine, event.ids, when)
+                if mine.manager.size_info.protected_size:
+                    raise Mismatch(
+                        f"{when}, {mine.manager.size_info.protected_size} slots are still locked: every lock needs its unlock, also when allocation fails."
+                    )
+                check_accounting(mine, when)
+                compare_worlds(ref, mine, when)
+
+        return Case(scenario.description, scenario.size, run)
+
+    return [make(s) for s in SERVE_SCENARIOS]

@@ -1,0 +1,133 @@
+"""Checks for chapter 4's first half: a cache manager that caches nothing.
+
+The learner's class is run through the same seven steps as any manager
+(:func:`minikv.lifecycle.serve`), with a real page pool: a manager that lies
+the wrong way about what is "already cached" leaks slots, and the pool shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..base import BaseCacheHandle
+from ..errors import OutOfSlotsError
+from ..lifecycle import serve
+from ..page_pool import PagePool
+from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_equal, expect_int, outcome, raised
+
+_F = Callable[..., object]
+
+
+def _make(fn: _F) -> object:
+    return call(fn, "cpu")
+
+
+def _expect_empty_slots(what: str, got: object) -> None:
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what} must return a tensor.", "an empty int32 tensor", repr(got))
+    if got.dtype != torch.int32 or got.shape != (0,) or got.device.type != "cpu":
+        raise Mismatch(
+            f"{what} must return an empty int32 tensor on the manager's device (slot indices are int32 everywhere).",
+            "tensor([], dtype=torch.int32), shape (0,)",
+            f"dtype {got.dtype}, shape {tuple(got.shape)}, device {got.device}",
+        )
+
+
+@exercise("naive.manager", "NaiveCacheManager: the manager that caches nothing")
+def _naive_cases() -> list[Case]:
+    def match_case(fn: _F) -> None:
+        manager = _make(fn)
+        for ids in ([1, 2, 3], [], list(range(50))):
+            result = call(manager.match_prefix, torch.tensor(ids, dtype=torch.int64))
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise Mismatch("match_prefix must return a pair (handle, indices).", "(handle, indices)", repr(result))
+            handle, indices = result
+            if not isinstance(handle, BaseCacheHandle):
+                raise Mismatch("the handle must be a BaseCacheHandle (a NaiveCacheHandle).", "NaiveCacheHandle(cached_len=0)", repr(handle))
+            expect_equal(f"the handle's cached_len for {ids}", 0, handle.cached_len)
+            _expect_empty_slots("match_prefix", indices)
+
+    def lock_case(fn: _F) -> None:
+        manager = _make(fn)
+        handle, _ = call(manager.match_prefix, torch.tensor([4, 5], dtype=torch.int64))
+        call(manager.lock_handle, handle)
+        call(manager.lock_handle, handle, unlock=True)
+        call(manager.lock_handle, handle, unlock=True)  # nothing was locked, and nothing can go wrong
+        expect_equal("size_info after locking", (0, 0), tuple(call(lambda: manager.size_info)))
+
+    def insert_case(fn: _F) -> None:
+        manager = _make(fn)
+        for n in (3, 0, 7):
+            got = expect_int("insert_prefix's result", call(manager.insert_prefix, torch.arange(n), torch.arange(n, dtype=torch.int32)))
+            if got != n:
+                raise Mismatch(
+                    f"insert_prefix of {n} tokens must return {n}: 'all of it was already cached', "
+                    "so the caller frees indices[cached_len:already_cached], i.e. every slot it allocated.",
+                    str(n),
+                    str(got),
+                )
+
+    def insert_mismatch_case(fn: _F) -> None:
+        manager = _make(fn)
+        got, error = raised(manager.insert_prefix, torch.arange(3), torch.arange(2, dtype=torch.int32))
+        if not isinstance(error, ValueError):
+            raise Mismatch(
+                "insert_prefix with 3 tokens but 2 slots must raise ValueError: the caller made a mistake.",
+                "ValueError",
+                outcome(error, got),
+            )
+
+    def evict_case(fn: _F) -> None:
+        manager = _make(fn)
+        _expect_empty_slots("evict(0)", call(manager.evict, 0))
+        try:
+            got = call(manager.evict, 1)
+        except LearnerRaised:
+            return  # any error will do: there is nothing to evict
+        raise Mismatch("evict(1) must raise: this manager holds nothing, so it cannot free anything.", "an exception", repr(got))
+
+    def sizes_case(fn: _F) -> None:
+        manager = _make(fn)
+        info = call(lambda: manager.size_info)
+        expect_equal("size_info (evictable_size, protected_size)", (0, 0), tuple(info))
+        _expect_empty_slots("reset()", call(manager.reset))
+        call(manager.check_integrity)
+
+    def serve_case(prompts: list[list[int]], num_pages: int) -> Callable[[_F], None]:
+        def run(fn: _F) -> None:
+            manager = _make(fn)
+            pool = PagePool(num_pages)
+            for number, prompt in enumerate(prompts, 1):
+                try:
+                    request = call(serve, manager, pool, prompt)
+                except LearnerRaised as learner:
+                    if isinstance(learner.error, OutOfSlotsError):
+                        raise Mismatch(
+                            f"request {number} found the pool out of slots: the earlier requests' slots were never given back.",
+                            f"{num_pages} free pages before each request",
+                            f"{pool.num_free_pages} free pages",
+                        ) from None
+                    raise
+                expect_equal(f"the cached_len of request {number}", 0, request.cached_len)
+                if pool.num_free_pages != num_pages:
+                    raise Mismatch(
+                        f"after request {number} finished, {num_pages - pool.num_free_pages} slots were never given back: "
+                        "finish frees indices[cached_len:already_cached], so insert_prefix must return len(indices).",
+                        f"{num_pages} free pages",
+                        f"{pool.num_free_pages} free pages",
+                    )
+
+        return run
+
+    return [
+        Case("match_prefix always returns an empty match: cached_len 0 and an empty int32 tensor", 1, match_case),
+        Case("lock_handle and unlocking accept the handle and do nothing", 1, lock_case),
+        Case("insert_prefix claims everything is already cached: it returns len(indices)", 3, insert_case),
+        Case("insert_prefix with 3 tokens and 2 slots raises ValueError", 3, insert_mismatch_case),
+        Case("evict(0) returns an empty int32 tensor; evict(1) raises", 1, evict_case),
+        Case("size_info is (0, 0), reset() returns an empty int32 tensor, check_integrity() passes", 1, sizes_case),
+        Case("three requests through the seven steps leak no slot", 12, serve_case([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], 16)),
+        Case("requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)),
+    ]

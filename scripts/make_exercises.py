@@ -1,0 +1,209 @@
+"""Generate the learner notebooks from the solutions, which are the single source.
+
+    .venv/bin/python scripts/make_exercises.py              # regenerate and execute every learner notebook
+    .venv/bin/python scripts/make_exercises.py ex5_radix    # only some
+    .venv/bin/python scripts/make_exercises.py --check      # exit 1 if a stored notebook is out of date
+
+``exercises/solutions/<name>.py`` is a notebook in percent format (``# %%`` starts a
+code cell, ``# %% [markdown]`` a markdown cell whose lines start with ``# ``).
+Inside code, the lines from ``### BEGIN SOLUTION`` to ``### END SOLUTION``
+become a stub in ``exercises/<name>.ipynb``::
+
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+(``### BEGIN SOLUTION pass`` makes the stub ``pass`` instead, for a Triton
+kernel body, which cannot raise). Cells with a stub are tagged
+``raises-exception``. The learner notebook gets the common install cell first,
+and is then executed with ``scripts/run_notebooks.py``, so its stored outputs
+are what nbval compares. ``--check`` regenerates the cells in memory and
+compares them with the stored notebooks (sources, types, tags, ids), without
+executing anything; nbval checks the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "exercises" / "solutions"
+EXERCISES = REPO / "exercises"
+
+INSTALL_CELL = """\
+# On Colab, install minikv (and graphviz) first; elsewhere this cell does nothing.
+import importlib.util, sys
+if "google.colab" in sys.modules and importlib.util.find_spec("minikv") is None:
+    %pip install -q "minikv @ git+https://github.com/minikv-course/minikv@main"
+    !apt-get -qq install -y graphviz > /dev/null"""
+
+BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?P<mode>\s+pass)?\s*$")
+END = re.compile(r"^\s*### END SOLUTION\s*$")
+CELL = re.compile(r"^# %%(?P<markdown>\s+\[markdown\])?(?:\s+tags=\[(?P<tags>[^\]]*)\])?\s*$")
+STUB_TAG = "raises-exception"
+
+
+@dataclass
+class Cell:
+    cell_type: str
+    source: str
+    tags: list[str] = field(default_factory=list)
+
+
+def parse_percent(text: str) -> list[Cell]:
+    """Split a percent-format script into cells; markdown lines lose their leading ``# ``."""
+    cells: list[Cell] = []
+    current: Cell | None = None
+    lines: list[str] = []
+
+    def flush() -> None:
+        if current is not None:
+            body = "\n".join(lines).strip("\n")
+            if current.cell_type == "markdown":
+                body = "\n".join(_uncomment(line) for line in body.split("\n"))
+            current.source = body
+            cells.append(current)
+
+    for line in text.split("\n"):
+        marker = CELL.match(line)
+        if marker:
+            flush()
+            tags = [t.strip().strip("\"'") for t in (marker.group("tags") or "").split(",") if t.strip()]
+            current = Cell("markdown" if marker.group("markdown") else "code", "", tags)
+            lines = []
+        elif current is not None:
+            lines.append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise SystemExit(f"code before the first '# %%' cell marker: {line!r}")
+    flush()
+    return cells
+
+
+def _uncomment(line: str) -> str:
+    if line.startswith("# "):
+        return line[2:]
+    if line.strip() == "#":
+        return ""
+    raise SystemExit(f"a markdown line must start with '# ': {line!r}")
+
+
+def strip_solutions(source: str) -> tuple[str, bool]:
+    """The learner's version of a code cell, and whether it contains a stub."""
+    out: list[str] = []
+    inside = False
+    stubbed = False
+    for number, line in enumerate(source.split("\n"), 1):
+        begin = BEGIN.match(line)
+        if begin:
+            if inside:
+                raise SystemExit(f"line {number}: BEGIN SOLUTION inside a solution")
+            inside, stubbed = True, True
+            indent = begin.group("indent")
+            out.append(f"{indent}# YOUR CODE HERE")
+            out.append(f"{indent}pass" if begin.group("mode") else f"{indent}raise NotImplementedError")
+        elif END.match(line):
+            if not inside:
+                raise SystemExit(f"line {number}: END SOLUTION without BEGIN")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise SystemExit("a BEGIN SOLUTION is never closed")
+    return "\n".join(out), stubbed
+
+
+def learner_notebook(name: str) -> nbformat.NotebookNode:
+    """The learner notebook for ``exercises/solutions/<name>.py``, without outputs."""
+    cells = parse_percent((SOLUTIONS / f"{name}.py").read_text())
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    made = [nbformat.v4.new_code_cell(INSTALL_CELL)]
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            made.append(nbformat.v4.new_markdown_cell(cell.source))
+            continue
+        source, stubbed = strip_solutions(cell.source)
+        tags = list(cell.tags) + ([STUB_TAG] if stubbed and STUB_TAG not in cell.tags else [])
+        new = nbformat.v4.new_code_cell(source)
+        if tags:
+            new.metadata["tags"] = tags
+        made.append(new)
+    for i, cell in enumerate(made):
+        cell.id = f"{name}-{i:02d}"
+    nb.cells = made
+    return nb
+
+
+def names(selected: list[str]) -> list[str]:
+    available = sorted(p.stem for p in SOLUTIONS.glob("ex*.py"))
+    unknown = sorted(set(selected) - set(available))
+    if unknown:
+        raise SystemExit(f"no solution for {unknown}; the solutions are {available}")
+    return selected or available
+
+
+def generate(name: str) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import run_notebooks
+
+    path = EXERCISES / f"{name}.ipynb"
+    nbformat.write(learner_notebook(name), path)
+    run_notebooks.run(path)
+
+
+def _cell_signature(cell: nbformat.NotebookNode) -> tuple:
+    return (cell.get("id"), cell.cell_type, cell.source, tuple(cell.metadata.get("tags", [])))
+
+
+def out_of_date(name: str) -> list[str]:
+    """Why ``exercises/<name>.ipynb`` does not match its solution (empty when it does)."""
+    path = EXERCISES / f"{name}.ipynb"
+    if not path.exists():
+        return [f"exercises/{name}.ipynb is missing"]
+    stored = nbformat.read(path, as_version=4)
+    fresh = learner_notebook(name)
+    problems = []
+    if stored.metadata.get("kernelspec", {}).get("name") != "python3":
+        problems.append("its kernelspec name is not python3")
+    if len(stored.cells) != len(fresh.cells):
+        problems.append(f"it has {len(stored.cells)} cells, the solution makes {len(fresh.cells)}")
+    for i, (old, new) in enumerate(zip(stored.cells, fresh.cells)):
+        if _cell_signature(old) != _cell_signature(new):
+            problems.append(f"cell {i} differs from what the solution makes")
+            break
+    unrun = [i for i, cell in enumerate(stored.cells) if cell.cell_type == "code" and cell.get("execution_count") is None]
+    if unrun:
+        problems.append(f"code cells {unrun} were never executed (their outputs are not stored)")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="solution names such as ex5_radix (default: all)")
+    parser.add_argument("--check", action="store_true", help="only report notebooks that are out of date")
+    args = parser.parse_args()
+    selected = names(args.names)
+    if args.check:
+        stale = {name: problems for name in selected if (problems := out_of_date(name))}
+        for name, problems in stale.items():
+            print(f"exercises/{name}.ipynb is out of date: {'; '.join(problems)}")
+        if stale:
+            print("regenerate with: .venv/bin/python scripts/make_exercises.py " + " ".join(stale))
+            return 1
+        print(f"{len(selected)} learner notebooks match their solutions")
+        return 0
+    for name in selected:
+        generate(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
