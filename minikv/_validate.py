@@ -75,7 +75,7 @@ def as_slot_indices(
         tensor = torch.tensor(value, dtype=torch.int32, device=device)
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
-    if tensor.numel() and int(tensor.min()) < 0:
+    if tensor.shape[0] and (tensor.numpy().min() if tensor.device.type == "cpu" else int(tensor.min())) < 0:
         raise ArgumentError(f"{name} must not contain negative slot indices")
     return tensor
 

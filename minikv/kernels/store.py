@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available():
@@ -129,12 +130,31 @@ def _launch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
 def _store_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     num_pages, page_size = k_cache.shape[:2]
     index = indices.long()
+    runs = _contiguous_runs(indices) if not indices.is_cuda else None
     for cache, src in ((k_cache, k), (v_cache, v)):
-        if cache.stride(0) == page_size * cache.stride(1):
-            # Pages are adjacent rows: one flat (slots, heads, head_dim) view, one index_copy_.
-            cache.view(num_pages * page_size, *cache.shape[2:]).index_copy_(0, index, src)
-        else:
+        if cache.stride(0) != page_size * cache.stride(1):
             cache[index // page_size, index % page_size] = src
+            continue
+        # Pages are adjacent rows: one flat (slots, heads, head_dim) view.
+        flat = cache.view(num_pages * page_size, *cache.shape[2:])
+        if runs is None:
+            flat.index_copy_(0, index, src)
+        else:
+            # A pool hands out consecutive slots, so out_loc is mostly a few ascending runs:
+            # one block copy per run moves memory at copy bandwidth, unlike a per-row scatter.
+            for start, first, length in runs:
+                flat[first : first + length].copy_(src[start : start + length])
+
+
+def _contiguous_runs(indices: torch.Tensor, min_run: int = 16) -> list[tuple[int, int, int]] | None:
+    """``(position, first slot, length)`` of each ascending run of slots, or ``None`` when runs are short."""
+    slots = indices.numpy()
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    if (len(breaks) + 1) * min_run > len(slots):
+        return None
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [len(slots)])))
+    return [(int(a), int(slots[a]), int(n)) for a, n in zip(starts, lengths)]
 
 
 def _as_paged(cache: torch.Tensor) -> torch.Tensor:
