@@ -117,8 +117,12 @@ def strip_solutions(source: str) -> tuple[str, bool]:
     return "\n".join(out), stubbed
 
 
-def learner_notebook(name: str) -> nbformat.NotebookNode:
-    """The learner notebook for ``exercises/solutions/<name>.py``, without outputs."""
+def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.NotebookNode:
+    """The learner notebook for ``exercises/solutions/<name>.py``, without outputs.
+
+    ``keep_solutions=True`` makes the same notebook with the solutions in place
+    of the stubs (the tests execute it, to run the solutions the way a learner would).
+    """
     cells = parse_percent((SOLUTIONS / f"{name}.py").read_text())
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
@@ -131,6 +135,8 @@ def learner_notebook(name: str) -> nbformat.NotebookNode:
             made.append(nbformat.v4.new_markdown_cell(cell.source))
             continue
         source, stubbed = strip_solutions(cell.source)
+        if keep_solutions:
+            source = cell.source
         tags = list(cell.tags) + ([STUB_TAG] if stubbed and STUB_TAG not in cell.tags else [])
         new = nbformat.v4.new_code_cell(source)
         if tags:

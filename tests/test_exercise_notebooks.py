@@ -99,6 +99,18 @@ def test_every_check_in_the_solution_passes(name: str, monkeypatch: pytest.Monke
     assert 3 <= len(ids) <= 7
 
 
+def test_the_triton_solution_runs_from_a_notebook_cell(tmp_path: Path) -> None:
+    """In Jupyter a kernel's source comes from the cell, not a file: the store kernel must still be found and run."""
+    from nbclient import NotebookClient
+
+    nb = make_exercises.learner_notebook("ex3_storage", keep_solutions=True)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    reports = [_output_text(cell) for cell in nb.cells if cell.cell_type == "code" and CHECK_CALL.search(cell.source)]
+    assert len(reports) == 5
+    for report in reports:
+        assert "✓ storage." in report and "cases passed." in report and "✗" not in report, report
+
+
 def test_every_exercise_id_belongs_to_exactly_one_notebook() -> None:
     seen: dict[str, str] = {}
     for name in NAMES:
