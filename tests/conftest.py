@@ -1,0 +1,26 @@
+"""Fixtures shared by the minikv core tests (helpers that are not fixtures live in ``helpers.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# ``import helpers`` must work whatever import mode or working directory pytest runs with.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from minikv import RadixCacheManager  # noqa: E402
+
+
+@pytest.fixture
+def hello_tree() -> RadixCacheManager:
+    """A small page_size-1 tree with a split: [1, 2] shared, then [3] / [4, 5] below it, and [9] alone.
+
+    Slots: [1, 2] -> 10, 11; [3] -> 12; [4, 5] -> 13, 14; [9] -> 20.
+    """
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [10, 11, 12])
+    manager.insert_prefix([1, 2, 4, 5], [10, 11, 13, 14])
+    manager.insert_prefix([9], [20])
+    return manager

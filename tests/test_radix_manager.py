@@ -1,0 +1,538 @@
+"""Unit tests of ``minikv.radix_manager``: the node, the handle and every manager method.
+
+Each test builds a small tree by hand and checks one behaviour the chapter
+relies on: what a match returns and when it splits, how locks nest, which
+leaf goes first on eviction, what ``page_size > 1`` changes. ``check_integrity``
+runs after every scenario, so a test also fails if it leaves a broken tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers import manager_snapshot, nodes_with_prefix, tree_entries, tree_slots
+
+from minikv import RadixCacheHandle, RadixCacheManager, RadixTreeNode, SizeInfo
+from minikv.errors import ArgumentError, EvictionError, LockError, StaleHandleError
+from minikv.radix_manager import child_key, match_len
+
+
+def keys_by_depth(manager: RadixCacheManager) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """{path prefix + node key: node value}: the tree's shape at a glance."""
+    return {
+        prefix + tuple(node.key.tolist()): tuple(node.value.tolist()) for prefix, node in nodes_with_prefix(manager)
+    }
+
+
+def node_at(manager: RadixCacheManager, full_key: tuple[int, ...]) -> RadixTreeNode:
+    for prefix, node in nodes_with_prefix(manager):
+        if prefix + tuple(node.key.tolist()) == full_key:
+            return node
+    raise KeyError(full_key)
+
+
+# -- module helpers -----------------------------------------------------------
+
+
+def test_match_len_counts_the_common_prefix() -> None:
+    a = np.array([1, 2, 3, 4])
+    assert match_len(a, np.array([1, 2, 3, 4, 5])) == 4
+    assert match_len(a, np.array([1, 2, 9])) == 2
+    assert match_len(a, np.array([7])) == 0
+    assert match_len(a, np.array([], dtype=np.int64)) == 0
+    assert match_len(np.array([], dtype=np.int64), a) == 0
+
+
+def test_child_key_is_the_first_token_or_the_first_page() -> None:
+    key = np.array([5, 6, 7, 8, 9])
+    assert child_key(key, 1) == 5 and isinstance(child_key(key, 1), int)
+    assert child_key(key, 4) == (5, 6, 7, 8)
+
+
+# -- RadixTreeNode ------------------------------------------------------------
+
+
+def make_node(key: list[int], value: list[int]) -> RadixTreeNode:
+    node = RadixTreeNode()
+    node.set_key_value(torch.tensor(key, dtype=torch.int64), torch.tensor(value, dtype=torch.int32))
+    return node
+
+
+def test_a_fresh_node_is_an_empty_parentless_leaf() -> None:
+    node = RadixTreeNode(timestamp=7)
+    assert node.is_root() and node.is_leaf()
+    assert node.length == 0 and node.ref_count == 0 and node.timestamp == 7
+    assert node.key.numel() == 0 and node.value.numel() == 0
+    assert RadixTreeNode().uid != RadixTreeNode().uid
+
+
+def test_set_key_value_refuses_different_lengths() -> None:
+    node = RadixTreeNode()
+    with pytest.raises(ArgumentError, match="key"):
+        node.set_key_value(torch.tensor([1, 2]), torch.tensor([0], dtype=torch.int32))
+    assert node.length == 0
+
+
+def test_set_parent_files_the_node_under_its_first_token_or_page() -> None:
+    root = RadixTreeNode()
+    child = make_node([4, 5], [0, 1])
+    child.set_parent(root)
+    assert root.children == {4: child} and child.parent is root
+    assert not root.is_leaf() and child.is_leaf() and not child.is_root()
+    paged_root = RadixTreeNode()
+    paged = make_node([4, 5, 6, 7], [8, 9, 10, 11])
+    paged.set_parent(paged_root, page_size=2)
+    assert paged_root.children == {(4, 5): paged}
+
+
+def test_get_match_len_compares_with_the_nodes_key() -> None:
+    node = make_node([3, 4, 5], [0, 1, 2])
+    assert node.get_match_len(np.array([3, 4, 9])) == 2
+    assert node.get_match_len(np.array([3, 4, 5, 6])) == 3
+    assert node.get_match_len(np.array([8])) == 0
+
+
+def test_split_at_puts_a_new_upper_node_in_the_old_ones_place() -> None:
+    root = RadixTreeNode()
+    node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
+    node.set_parent(root)
+    node.ref_count, node.timestamp = 2, 9
+    upper = node._split_at(1)
+    assert root.children == {1: upper} and upper.children == {2: node}
+    assert node.parent is upper and upper.parent is root
+    assert upper.key.tolist() == [1] and upper.value.tolist() == [10]
+    assert node.key.tolist() == [2, 3, 4] and node.value.tolist() == [11, 12, 13]
+    # Every lock and use of the old node covered both halves.
+    assert (upper.ref_count, upper.timestamp) == (2, 9) and (node.ref_count, node.timestamp) == (2, 9)
+
+
+@pytest.mark.parametrize("pos", [0, 4, -1, 5])
+def test_split_at_refuses_a_cut_outside_the_node(pos: int) -> None:
+    root = RadixTreeNode()
+    node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
+    node.set_parent(root)
+    with pytest.raises(ArgumentError, match="pos"):
+        node._split_at(pos)
+    assert root.children == {1: node} and node.length == 4
+
+
+def test_node_repr_shows_the_key_and_counts() -> None:
+    assert repr(RadixTreeNode()) == "RadixTreeNode(root)"
+    node = make_node(list(range(8)), list(range(8)))
+    node.set_parent(RadixTreeNode())
+    assert repr(node) == "RadixTreeNode(key=[0, 1, 2, 3, 4, 5]..., len=8, ref=0, t=0)"
+
+
+def test_handle_is_frozen_and_carries_its_node() -> None:
+    manager = RadixCacheManager()
+    handle = RadixCacheHandle(0, manager.root_node)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        handle.node = RadixTreeNode()  # type: ignore[misc]
+    assert handle.cached_len == 0 and handle.node is manager.root_node
+
+
+# -- construction ---------------------------------------------------------------
+
+
+def test_a_new_manager_holds_nothing_and_its_root_is_protected() -> None:
+    manager = RadixCacheManager()
+    assert manager.size_info == SizeInfo(0, 0) and manager.num_nodes == 0
+    assert manager.root_node.ref_count == 1 and manager.root_node.is_root()
+    assert manager.page_size == 1 and manager.device == torch.device("cpu")
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [0, -2])
+def test_page_size_must_be_positive(page_size: int) -> None:
+    with pytest.raises(ArgumentError, match="page_size"):
+        RadixCacheManager(page_size=page_size)
+
+
+# -- match_prefix ---------------------------------------------------------------
+
+
+def test_match_on_an_empty_tree_returns_the_root_and_no_indices() -> None:
+    manager = RadixCacheManager()
+    handle, indices = manager.match_prefix([1, 2, 3])
+    assert handle.cached_len == 0 and handle.node is manager.root_node
+    assert indices.dtype == torch.int32 and indices.numel() == 0
+
+
+def test_match_returns_the_slots_of_the_longest_cached_prefix(hello_tree: RadixCacheManager) -> None:
+    for ids, expected in [
+        ([1, 2, 4, 5, 6], [10, 11, 13, 14]),
+        ([1, 2, 3], [10, 11, 12]),
+        ([1, 2], [10, 11]),
+        ([9, 1], [20]),
+        ([7], []),
+        ([], []),
+    ]:
+        handle, indices = hello_tree.match_prefix(ids)
+        assert indices.tolist() == expected, ids
+        assert handle.cached_len == len(expected)
+        assert indices.dtype == torch.int32
+    hello_tree.check_integrity()
+
+
+def test_match_accepts_tensors_of_any_integer_dtype_and_numpy(hello_tree: RadixCacheManager) -> None:
+    for ids in (torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3], dtype=torch.int32), np.array([1, 2, 3], np.int16)):
+        assert hello_tree.match_prefix(ids)[1].tolist() == [10, 11, 12]
+
+
+def test_match_ending_inside_a_node_splits_it_without_changing_what_is_cached() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3])
+    entries_before, sizes_before = tree_entries(manager).keys(), manager.size_info
+    handle, indices = manager.match_prefix([1, 2, 9])
+    assert indices.tolist() == [0, 1]
+    assert keys_by_depth(manager) == {(1, 2): (0, 1), (1, 2, 3, 4): (2, 3)}
+    assert handle.node is node_at(manager, (1, 2))
+    assert tree_entries(manager).keys() == entries_before and manager.size_info == sizes_before
+    assert manager.num_nodes == 2
+    manager.check_integrity()
+
+
+def test_match_refreshes_the_time_of_the_matched_path_only(hello_tree: RadixCacheManager) -> None:
+    before = {k: node_at(hello_tree, k).timestamp for k in [(1, 2), (1, 2, 3), (1, 2, 4, 5), (9,)]}
+    hello_tree.match_prefix([1, 2, 3, 7])
+    after = {k: node_at(hello_tree, k).timestamp for k in before}
+    assert after[(1, 2)] > before[(1, 2)] and after[(1, 2, 3)] > before[(1, 2, 3)]
+    assert after[(1, 2)] == after[(1, 2, 3)]
+    assert after[(1, 2, 4, 5)] == before[(1, 2, 4, 5)] and after[(9,)] == before[(9,)]
+
+
+def test_returned_indices_are_a_copy_not_a_view_of_the_tree(hello_tree: RadixCacheManager) -> None:
+    _, indices = hello_tree.match_prefix([9])
+    indices[0] = 999
+    assert hello_tree.match_prefix([9])[1].tolist() == [20]
+
+
+# -- insert_prefix --------------------------------------------------------------
+
+
+def test_insert_returns_what_was_already_cached_and_adds_the_rest() -> None:
+    manager = RadixCacheManager()
+    assert manager.insert_prefix([1, 2, 3], [5, 6, 7]) == 0
+    assert manager.insert_prefix([1, 2, 3], [8, 9, 10]) == 3  # nothing new: the tree keeps its own slots
+    assert manager.insert_prefix([1, 2, 4], [5, 6, 11]) == 2
+    assert keys_by_depth(manager) == {(1, 2): (5, 6), (1, 2, 3): (7,), (1, 2, 4): (11,)}
+    assert manager.size_info == SizeInfo(4, 0)
+    manager.check_integrity()
+
+
+def test_insert_of_an_empty_prefix_changes_nothing() -> None:
+    manager = RadixCacheManager()
+    assert manager.insert_prefix([], []) == 0
+    assert manager.num_nodes == 0 and manager.size_info == SizeInfo(0, 0)
+
+
+def test_insert_of_a_prefix_of_a_node_splits_it_and_returns_its_length() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    assert manager.insert_prefix([1, 2], [0, 1]) == 2
+    assert keys_by_depth(manager) == {(1, 2): (0, 1), (1, 2, 3): (2,)}
+    manager.check_integrity()
+
+
+def test_insert_stores_copies_of_the_callers_tensors() -> None:
+    # The caller reuses its page-table row; the tree must not see later writes (mini-sglang 94fe255).
+    manager = RadixCacheManager()
+    ids = torch.tensor([1, 2, 3])
+    row = torch.tensor([4, 5, 6], dtype=torch.int32)
+    manager.insert_prefix(ids, row)
+    ids[:] = 0
+    row[:] = 0
+    assert keys_by_depth(manager) == {(1, 2, 3): (4, 5, 6)}
+
+
+def test_insert_converts_int64_and_list_indices_to_int32() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2], torch.tensor([3, 4], dtype=torch.int64))
+    manager.insert_prefix([7], [8])
+    for _, node in nodes_with_prefix(manager):
+        assert node.value.dtype == torch.int32 and node.key.dtype == torch.int64
+    manager.check_integrity()
+
+
+def test_insert_refuses_a_slot_listed_twice() -> None:
+    manager = RadixCacheManager()
+    with pytest.raises(ArgumentError, match="indices"):
+        manager.insert_prefix([1, 2, 3], [5, 5, 6])
+    assert manager.num_nodes == 0
+
+
+# -- lock_handle ------------------------------------------------------------------
+
+
+def test_lock_protects_the_whole_path_and_unlock_releases_it(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([1, 2, 4, 5])
+    hello_tree.lock_handle(handle)
+    assert node_at(hello_tree, (1, 2)).ref_count == 1 and node_at(hello_tree, (1, 2, 4, 5)).ref_count == 1
+    assert node_at(hello_tree, (1, 2, 3)).ref_count == 0
+    assert hello_tree.size_info == SizeInfo(evictable_size=2, protected_size=4)
+    hello_tree.check_integrity()
+    hello_tree.lock_handle(handle, unlock=True)
+    assert hello_tree.size_info == SizeInfo(6, 0)
+    hello_tree.check_integrity()
+
+
+def test_locks_nest_and_each_needs_its_own_unlock(hello_tree: RadixCacheManager) -> None:
+    long_handle, _ = hello_tree.match_prefix([1, 2, 3])
+    short_handle, _ = hello_tree.match_prefix([1, 2])
+    hello_tree.lock_handle(long_handle)
+    hello_tree.lock_handle(long_handle)
+    hello_tree.lock_handle(short_handle)
+    assert node_at(hello_tree, (1, 2)).ref_count == 3 and node_at(hello_tree, (1, 2, 3)).ref_count == 2
+    hello_tree.check_integrity()
+    hello_tree.lock_handle(long_handle, unlock=True)
+    hello_tree.lock_handle(short_handle, unlock=True)
+    assert hello_tree.size_info == SizeInfo(3, 3)
+    hello_tree.lock_handle(long_handle, unlock=True)
+    assert hello_tree.size_info == SizeInfo(6, 0)
+    with pytest.raises(LockError, match="handle"):
+        hello_tree.lock_handle(long_handle, unlock=True)
+    hello_tree.check_integrity()
+
+
+def test_unlocking_a_partly_locked_path_fails_and_changes_nothing(hello_tree: RadixCacheManager) -> None:
+    short_handle, _ = hello_tree.match_prefix([1, 2])
+    long_handle, _ = hello_tree.match_prefix([1, 2, 3])
+    hello_tree.lock_handle(short_handle)  # [1, 2] locked, [3] below it not
+    before = manager_snapshot(hello_tree)
+    with pytest.raises(LockError, match="handle"):
+        hello_tree.lock_handle(long_handle, unlock=True)
+    assert manager_snapshot(hello_tree) == before
+
+
+def test_the_empty_handle_locks_and_unlocks_nothing(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([42])
+    before = manager_snapshot(hello_tree)
+    hello_tree.lock_handle(handle)
+    hello_tree.lock_handle(handle, unlock=True)
+    hello_tree.lock_handle(handle, unlock=True)
+    assert manager_snapshot(hello_tree) == before and hello_tree.root_node.ref_count == 1
+
+
+def test_a_handle_stays_valid_when_its_node_or_an_ancestor_is_split() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3])
+    handle, _ = manager.match_prefix([1, 2, 3, 4])
+    manager.match_prefix([1, 9])  # splits the handle's node after one token
+    manager.match_prefix([1, 2, 3])  # and again
+    manager.lock_handle(handle)
+    assert all(node.ref_count == 1 for _, node in nodes_with_prefix(manager))
+    assert manager.size_info == SizeInfo(0, 4)
+    manager.lock_handle(handle, unlock=True)
+    manager.check_integrity()
+
+
+def test_locking_a_split_node_keeps_both_halves_locked() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    handle, _ = manager.match_prefix([1, 2, 3])
+    manager.lock_handle(handle)
+    manager.match_prefix([1, 5])  # split a locked node
+    assert manager.size_info == SizeInfo(0, 3)
+    manager.check_integrity()
+    with pytest.raises(EvictionError):
+        manager.evict(1)
+    manager.lock_handle(handle, unlock=True)
+    assert sorted(manager.evict(3).tolist()) == [0, 1, 2]
+
+
+def test_handles_of_evicted_or_reset_nodes_are_stale(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([9])
+    hello_tree.match_prefix([1, 2, 3])
+    hello_tree.match_prefix([1, 2, 4, 5])
+    assert hello_tree.evict(1).tolist() == [20]  # [9] is the least recently used leaf
+    with pytest.raises(StaleHandleError, match="handle"):
+        hello_tree.lock_handle(handle)
+    other, _ = hello_tree.match_prefix([1, 2, 3])
+    hello_tree.reset()
+    with pytest.raises(StaleHandleError, match="handle"):
+        hello_tree.lock_handle(other)
+    # A node with the same tokens inserted afterwards is a different node.
+    hello_tree.insert_prefix([1, 2, 3], [10, 11, 12])
+    with pytest.raises(StaleHandleError):
+        hello_tree.lock_handle(other)
+
+
+def test_a_handle_from_another_manager_is_refused(hello_tree: RadixCacheManager) -> None:
+    other = RadixCacheManager()
+    other.insert_prefix([1, 2, 3], [10, 11, 12])
+    foreign, _ = other.match_prefix([1, 2, 3])
+    before = manager_snapshot(hello_tree)
+    with pytest.raises(StaleHandleError, match="handle"):
+        hello_tree.lock_handle(foreign)
+    assert manager_snapshot(hello_tree) == before
+
+
+# -- evict ------------------------------------------------------------------------
+
+
+def test_evict_zero_returns_an_empty_int32_tensor(hello_tree: RadixCacheManager) -> None:
+    before = manager_snapshot(hello_tree)
+    result = hello_tree.evict(0)
+    assert result.dtype == torch.int32 and result.numel() == 0
+    assert manager_snapshot(hello_tree) == before
+
+
+def test_evict_takes_the_least_recently_used_leaf_first(hello_tree: RadixCacheManager) -> None:
+    # Use order, oldest first: [9], [1, 2, 4, 5], [1, 2, 3].
+    hello_tree.match_prefix([9])
+    hello_tree.match_prefix([1, 2, 4, 5])
+    hello_tree.match_prefix([1, 2, 3])
+    assert hello_tree.evict(1).tolist() == [20]
+    assert hello_tree.evict(1).tolist() == [13, 14]  # a whole node: more than asked
+    assert hello_tree.size_info == SizeInfo(3, 0)
+    hello_tree.check_integrity()
+
+
+def test_a_parent_left_childless_becomes_evictable_in_lru_order() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2], [0, 1])
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])  # [1, 2] is now an inner node
+    manager.insert_prefix([7], [7])  # newer than both
+    assert sorted(manager.evict(3).tolist()) == [0, 1, 2]  # [3] first, then its parent, before [7]
+    assert keys_by_depth(manager) == {(7,): (7,)}
+    manager.check_integrity()
+
+
+def test_evict_never_takes_a_locked_prefix(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([9])
+    hello_tree.lock_handle(handle)
+    evicted = hello_tree.evict(hello_tree.size_info.evictable_size)
+    assert sorted(evicted.tolist()) == [10, 11, 12, 13, 14]
+    assert keys_by_depth(hello_tree) == {(9,): (20,)}
+    assert hello_tree.size_info == SizeInfo(0, 1)
+    hello_tree.check_integrity()
+
+
+def test_evict_more_than_evictable_fails_before_touching_anything(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([1, 2, 3])
+    hello_tree.lock_handle(handle)
+    before = manager_snapshot(hello_tree)
+    with pytest.raises(EvictionError, match="size"):
+        hello_tree.evict(hello_tree.size_info.evictable_size + 1)
+    assert manager_snapshot(hello_tree) == before
+
+
+def test_evict_everything_evictable_empties_the_tree(hello_tree: RadixCacheManager) -> None:
+    evicted = hello_tree.evict(6)
+    assert sorted(evicted.tolist()) == [10, 11, 12, 13, 14, 20]
+    assert hello_tree.num_nodes == 0 and hello_tree.size_info == SizeInfo(0, 0)
+    hello_tree.check_integrity()
+
+
+def test_many_matches_keep_the_lazy_heap_bounded_and_correct(hello_tree: RadixCacheManager) -> None:
+    for i in range(300):
+        hello_tree.match_prefix([1, 2, 3] if i % 2 else [9])
+    hello_tree.check_integrity()
+    heap = getattr(hello_tree, "_evictable_leaves", None)
+    if heap is not None:
+        assert len(heap) <= 2 * hello_tree.num_nodes + 64 + 1
+    # Last used: [1, 2, 3] (i = 299), then [9]; [1, 2, 4, 5] was never matched again.
+    assert hello_tree.evict(1).tolist() == [13, 14]
+    assert hello_tree.evict(1).tolist() == [20]
+
+
+# -- reset, size_info, num_nodes ----------------------------------------------------
+
+
+def test_reset_returns_every_slot_and_empties_the_tree(hello_tree: RadixCacheManager) -> None:
+    slots = hello_tree.reset()
+    assert slots.dtype == torch.int32 and sorted(slots.tolist()) == [10, 11, 12, 13, 14, 20]
+    assert hello_tree.num_nodes == 0 and hello_tree.size_info == SizeInfo(0, 0)
+    assert hello_tree.reset().numel() == 0
+    hello_tree.check_integrity()
+    assert hello_tree.insert_prefix([1, 2, 3], [1, 2, 3]) == 0  # usable again
+
+
+def test_reset_is_refused_while_anything_is_locked(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([1, 2])
+    hello_tree.lock_handle(handle)
+    before = manager_snapshot(hello_tree)
+    with pytest.raises(LockError, match="reset"):
+        hello_tree.reset()
+    assert manager_snapshot(hello_tree) == before
+
+
+def test_num_nodes_and_sizes_follow_inserts_splits_and_evictions(hello_tree: RadixCacheManager) -> None:
+    assert hello_tree.num_nodes == 4 and len(nodes_with_prefix(hello_tree)) == 4
+    hello_tree.match_prefix([1, 2, 4])  # split [4, 5]
+    assert hello_tree.num_nodes == 5 and hello_tree.size_info.total_size == 6
+    assert sorted(tree_slots(hello_tree)) == [10, 11, 12, 13, 14, 20]
+
+
+# -- page_size > 1 ----------------------------------------------------------------
+
+
+def test_paged_insert_keeps_only_whole_pages() -> None:
+    manager = RadixCacheManager(page_size=4)
+    assert manager.insert_prefix(list(range(10)), list(range(10))) == 0
+    assert keys_by_depth(manager) == {tuple(range(8)): tuple(range(8))}
+    assert manager.size_info == SizeInfo(8, 0)
+    assert manager.root_node.children.keys() == {(0, 1, 2, 3)}
+    manager.check_integrity()
+
+
+def test_paged_match_is_aligned_down_to_a_page_and_splits_on_page_boundaries() -> None:
+    manager = RadixCacheManager(page_size=4)
+    manager.insert_prefix(list(range(12)), list(range(100, 112)))
+    handle, indices = manager.match_prefix([0, 1, 2, 3, 4, 5, 99, 7, 8])  # 6 tokens agree: one whole page
+    assert handle.cached_len == 4 and indices.tolist() == [100, 101, 102, 103]
+    assert keys_by_depth(manager) == {(0, 1, 2, 3): (100, 101, 102, 103), tuple(range(12)): tuple(range(104, 112))}
+    manager.check_integrity()
+    # Sharing three of four tokens of the first page is no match at all.
+    handle, indices = manager.match_prefix([0, 1, 2, 9])
+    assert handle.cached_len == 0 and indices.numel() == 0
+    # A query shorter than a page cannot match.
+    assert manager.match_prefix([0, 1, 2])[0].cached_len == 0
+
+
+def test_paged_siblings_may_share_a_first_token_but_not_a_first_page() -> None:
+    manager = RadixCacheManager(page_size=2)
+    assert manager.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3]) == 0
+    assert manager.insert_prefix([1, 5, 3, 4], [4, 5, 6, 7]) == 0
+    assert manager.root_node.children.keys() == {(1, 2), (1, 5)}
+    assert manager.match_prefix([1, 5, 3, 4])[1].tolist() == [4, 5, 6, 7]
+    manager.check_integrity()
+
+
+def test_paged_evict_returns_whole_pages() -> None:
+    manager = RadixCacheManager(page_size=4)
+    manager.insert_prefix(list(range(8)), list(range(8)))
+    manager.insert_prefix([0, 1, 2, 3, 9, 9, 9, 9], [0, 1, 2, 3, 12, 13, 14, 15])
+    evicted = manager.evict(1)
+    assert evicted.tolist() == [4, 5, 6, 7]
+    manager.check_integrity()
+
+
+def test_paged_insert_refuses_slots_that_are_not_whole_pages() -> None:
+    manager = RadixCacheManager(page_size=4)
+    with pytest.raises(ArgumentError, match="indices"):
+        manager.insert_prefix([1, 2, 3, 4], [1, 2, 3, 4])  # page 0 shifted by one slot
+    assert manager.num_nodes == 0
+
+
+# -- devices ------------------------------------------------------------------------
+
+
+def test_a_device_named_with_an_index_is_the_same_device() -> None:
+    # On a GPU the same mismatch is 'cuda' (the manager) against 'cuda:0' (every tensor made there).
+    manager = RadixCacheManager(device="cpu:0")
+    manager.insert_prefix([1, 2], [0, 1])
+    manager.insert_prefix([1, 3], torch.tensor([0, 2], dtype=torch.int32))
+    manager.check_integrity()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_manager_keeps_values_on_the_gpu() -> None:
+    manager = RadixCacheManager(device=torch.device("cuda", 0))
+    manager.insert_prefix([1, 2, 3], torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda:0"))
+    handle, indices = manager.match_prefix([1, 2])
+    assert indices.is_cuda and indices.tolist() == [0, 1]
+    manager.check_integrity()

@@ -1,0 +1,229 @@
+"""``store_cache`` against ``store_cache_reference``, bit for bit, on both backends.
+
+On a machine without CUDA the "triton" backend runs the real kernel under
+Triton's interpreter (about 1-2 ms per program of 64 tokens), so sizes stay
+small. Caches start filled with random values, so a write to the wrong slot,
+or a write to a slot that should be left alone, shows up as a difference.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from helpers import assert_bitwise_equal
+
+from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
+from minikv.errors import ArgumentError, SlotIndexError
+
+BACKENDS = ["torch", "triton"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def generator_for(*parts: object) -> torch.Generator:
+    """A generator seeded from the test's parameters: each case is random, and the same on every run."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
+
+
+def random_like_cache(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def store_both_ways(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
+) -> None:
+    """Store with ``backend`` into the given caches and with the reference into clones; compare bitwise."""
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    store_cache_reference(expected_k, expected_v, indices, k, v)
+    store_cache(k_cache, v_cache, indices, k, v, backend=backend)
+    assert_bitwise_equal(k_cache, expected_k)
+    assert_bitwise_equal(v_cache, expected_v)
+
+
+# -- random shapes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("paged", [False, True], ids=["3d", "4d"])
+def test_random_shapes_match_the_reference(
+    backend: str, dtype: torch.dtype, index_dtype: torch.dtype, paged: bool
+) -> None:
+    gen = generator_for(backend, dtype, index_dtype, paged)
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=gen))]  # noqa: E731
+    heads, head_dim = pick([1, 3, 5, 8]), pick([7, 16, 24, 33])
+    page_size = pick([2, 3, 16]) if paged else 1
+    num_pages = pick([40, 97]) // page_size + 4
+    num_slots = num_pages * page_size
+    num_tokens = int(torch.randint(1, min(num_slots, 150) + 1, (1,), generator=gen))
+    shape = (num_pages, page_size, heads, head_dim) if paged else (num_pages, heads, head_dim)
+    k_cache, v_cache = random_like_cache(shape, dtype, gen), random_like_cache(shape, dtype, gen)
+    indices = torch.randperm(num_slots, generator=gen)[:num_tokens].to(index_dtype)
+    k = random_like_cache((num_tokens, heads, head_dim), dtype, gen)
+    v = random_like_cache((num_tokens, heads, head_dim), dtype, gen)
+    store_both_ways(k_cache, v_cache, indices, k, v, backend)
+
+
+# -- strided inputs and caches --------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_and_v_sliced_from_a_fused_qkv_tensor(backend: str) -> None:
+    gen = generator_for("qkv", backend)
+    q_heads, kv_heads, head_dim, n = 6, 3, 24, 70
+    qkv = torch.randn(n, q_heads + 2 * kv_heads, head_dim, generator=gen, dtype=torch.float32).to(torch.bfloat16)
+    k, v = qkv[:, q_heads : q_heads + kv_heads], qkv[:, q_heads + kv_heads :]
+    assert not k.is_contiguous() and k.stride(0) == (q_heads + 2 * kv_heads) * head_dim
+    k_cache = random_like_cache((128, kv_heads, head_dim), torch.bfloat16, gen)
+    v_cache = random_like_cache((128, kv_heads, head_dim), torch.bfloat16, gen)
+    indices = torch.randperm(128, generator=gen)[:n].int()
+    store_both_ways(k_cache, v_cache, indices, k, v, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_and_v_whose_head_dim_is_not_the_innermost_axis(backend: str) -> None:
+    gen = generator_for("transposed", backend)
+    n, heads, head_dim = 33, 3, 10
+    k = torch.randn(n, head_dim, heads, generator=gen).transpose(1, 2)  # stride along head_dim is `heads`
+    v = torch.randn(heads, n, head_dim, generator=gen).transpose(0, 1)
+    assert k.stride(2) == heads and v.stride(0) == head_dim
+    k_cache, v_cache = torch.randn(64, heads, head_dim, generator=gen), torch.randn(64, heads, head_dim, generator=gen)
+    store_both_ways(k_cache, v_cache, torch.randperm(64, generator=gen)[:n], k, v, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cache_that_is_a_slice_of_a_larger_buffer(backend: str) -> None:
+    gen = generator_for("slice", backend)
+    buffer = torch.randn(2, 50, 4, 6, 8, generator=gen, dtype=torch.float32).to(torch.float16)
+    k_cache, v_cache = buffer[0, :, :, 1:4], buffer[1, :, :, 1:4]  # pages of 4, heads 1..3 of 6
+    assert not k_cache.is_contiguous()
+    untouched = buffer[:, :, :, [0, 4, 5]].clone()
+    n = 90
+    k = torch.randn(n, 3, 8, generator=gen).half()
+    v = torch.randn(n, 3, 8, generator=gen).half()
+    store_both_ways(k_cache, v_cache, torch.randperm(200, generator=gen)[:n], k, v, backend)
+    assert_bitwise_equal(buffer[:, :, :, [0, 4, 5]], untouched)  # heads outside the view were not written
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_page_first_layer_views(backend: str, page_size: int) -> None:
+    gen = generator_for("page-first", backend, page_size)
+    cache = MHAKVCache(3, 3, 12, 20, torch.bfloat16, KVCacheLayout.PageFirst, "cpu", page_size=page_size)
+    cache.kv_buffer.copy_(torch.randn(cache.kv_buffer.shape, generator=gen).to(torch.bfloat16))
+    expected = cache.kv_buffer.clone()
+    n = 17
+    indices = torch.randperm(cache.num_slots, generator=gen)[:n]
+    k = torch.randn(n, 3, 12, generator=gen).to(torch.bfloat16)
+    v = torch.randn(n, 3, 12, generator=gen).to(torch.bfloat16)
+    store_cache_reference(expected[0, 1], expected[1, 1], indices, k, v)
+    store_cache(cache.k_cache(1), cache.v_cache(1), indices, k, v, backend=backend)
+    assert not cache.k_cache(1).is_contiguous()
+    assert_bitwise_equal(cache.kv_buffer, expected)  # layers 0 and 2 untouched, layer 1 as the reference
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_indices_that_are_a_strided_view(backend: str) -> None:
+    # Every other entry of a permutation: read contiguously, these would name other slots.
+    gen = generator_for("strided-indices", backend)
+    base = torch.randperm(96, generator=gen).int()
+    indices = base[::2]
+    assert not indices.is_contiguous()
+    k, v = torch.randn(48, 2, 8, generator=gen), torch.randn(48, 2, 8, generator=gen)
+    store_both_ways(torch.randn(96, 2, 8, generator=gen), torch.randn(96, 2, 8, generator=gen), indices, k, v, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_more_tokens_than_one_program_and_a_ragged_last_program(backend: str) -> None:
+    gen = generator_for("programs", backend)
+    n = 64 * 3 + 5
+    k, v = torch.randn(n, 1, 4, generator=gen), torch.randn(n, 1, 4, generator=gen)
+    indices = torch.randperm(300, generator=gen)[:n]
+    k_cache, v_cache = torch.randn(300, 1, 4, generator=gen), torch.randn(300, 1, 4, generator=gen)
+    store_both_ways(k_cache, v_cache, indices, k, v, backend)
+
+
+# -- the reference itself, and trivial calls ---------------------------------------
+
+
+def test_the_reference_puts_slot_s_at_page_s_div_ps_row_s_mod_ps() -> None:
+    k_cache, v_cache = torch.zeros(3, 4, 1, 1), torch.zeros(3, 4, 1, 1)
+    k, v = torch.tensor([[[1.0]], [[2.0]]]), torch.tensor([[[3.0]], [[4.0]]])
+    store_cache_reference(k_cache, v_cache, torch.tensor([5, 11]), k, v)
+    assert k_cache[1, 1].item() == 1.0 and k_cache[2, 3].item() == 2.0
+    assert v_cache[1, 1].item() == 3.0 and v_cache[2, 3].item() == 4.0
+    assert k_cache.sum().item() == 3.0 and v_cache.sum().item() == 7.0
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_no_tokens_writes_nothing(backend: str) -> None:
+    k_cache, v_cache = torch.randn(8, 2, 4), torch.randn(8, 2, 4)
+    before = (k_cache.clone(), v_cache.clone())
+    nothing = torch.empty(0, 2, 4)
+    store_cache(k_cache, v_cache, torch.empty(0, dtype=torch.int32), nothing, nothing, backend=backend)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_auto_backend_matches_the_reference_too() -> None:
+    gen = generator_for("auto")
+    k, v = torch.randn(20, 2, 4, generator=gen), torch.randn(20, 2, 4, generator=gen)
+    k_cache, v_cache = torch.randn(32, 2, 4, generator=gen), torch.randn(32, 2, 4, generator=gen)
+    store_both_ways(k_cache, v_cache, torch.arange(20), k, v, "auto")
+
+
+# -- rejected indices: nothing written --------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ([3, 16], SlotIndexError),  # one past the end: the interpreter would silently overwrite memory
+        ([3, -1], SlotIndexError),  # the interpreter would corrupt the heap
+        ([3, 2**40], SlotIndexError),
+        ([3, 7, 3], ArgumentError),  # two tokens, one slot
+    ],
+    ids=["past-the-end", "negative", "huge", "duplicate"],
+)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_bad_indices_are_rejected_before_any_write(
+    backend: str, bad: list[int], error: type[Exception], index_dtype: torch.dtype
+) -> None:
+    if index_dtype == torch.int32 and max(bad) >= 2**31:
+        pytest.skip("does not fit in int32")
+    gen = generator_for("bad", backend, bad)
+    k_cache, v_cache = torch.randn(4, 4, 2, 3, generator=gen), torch.randn(4, 4, 2, 3, generator=gen)
+    k, v = torch.randn(len(bad), 2, 3, generator=gen), torch.randn(len(bad), 2, 3, generator=gen)
+    before = (k_cache.clone(), v_cache.clone(), k.clone(), v.clone())
+    with pytest.raises(error, match="indices"):
+        store_cache(k_cache, v_cache, torch.tensor(bad, dtype=index_dtype), k, v, backend=backend)
+    for now, then in zip((k_cache, v_cache, k, v), before, strict=True):
+        assert_bitwise_equal(now, then)
+
+
+def test_v_cache_with_other_strides_is_refused() -> None:
+    k_cache = torch.zeros(8, 2, 4)
+    v_cache = torch.zeros(8, 4, 2).transpose(1, 2)
+    with pytest.raises(ArgumentError, match="v_cache"):
+        store_cache(k_cache, v_cache, torch.tensor([0]), torch.ones(1, 2, 4), torch.ones(1, 2, 4))
+    assert k_cache.sum() == 0 and v_cache.sum() == 0
+
+
+def test_a_cache_of_the_wrong_rank_is_refused() -> None:
+    with pytest.raises(ArgumentError, match="k_cache"):
+        store_cache(torch.zeros(8, 8), torch.zeros(8, 8), torch.tensor([0]), torch.ones(1, 8), torch.ones(1, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_compiled_kernel_on_cuda_matches_the_reference(dtype: torch.dtype) -> None:
+    gen = generator_for("cuda", dtype)
+    k_cache = torch.randn(1000, 4, 3, 40, generator=gen).to(dtype).cuda()
+    v_cache = torch.randn(1000, 4, 3, 40, generator=gen).to(dtype).cuda()
+    n = 2000
+    indices = torch.randperm(4000, generator=gen)[:n].cuda()
+    k = torch.randn(n, 3, 40, generator=gen).to(dtype).cuda()
+    v = torch.randn(n, 3, 40, generator=gen).to(dtype).cuda()
+    store_both_ways(k_cache, v_cache, indices, k, v, "triton")
