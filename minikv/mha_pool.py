@@ -99,6 +99,8 @@ class MHAKVCache(BaseKVCache):
             low, high = int(out_loc.min()), int(out_loc.max())
             if low < 0 or high >= self.num_slots:
                 raise SlotIndexError(f"out_loc: slot {low if low < 0 else high} is outside [0, {self.num_slots})")
+            if torch.unique(out_loc).shape[0] != out_loc.shape[0]:
+                raise ArgumentError("out_loc must be unique: two tokens cannot share one slot")
         store_cache(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v)
 
     @property

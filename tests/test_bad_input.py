@@ -255,21 +255,7 @@ def test_the_world_is_healthy() -> None:
     assert tree_entries(world.radix) == tree_entries(make_world().radix)  # building it is deterministic
 
 
-KNOWN_GAPS = {
-    "store_kv into one slot twice": "mha_pool.store_kv checks the range of out_loc itself but leaves duplicates "
-    "to store_cache, whose message names its own argument 'indices'",
-}
-
-
-@pytest.mark.parametrize(
-    ("call", "error", "argument"),
-    [
-        pytest.param(*case[1:], id=case[0], marks=[pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[case[0]])])
-        if case[0] in KNOWN_GAPS
-        else pytest.param(*case[1:], id=case[0])
-        for case in CASES
-    ],
-)
+@pytest.mark.parametrize(("call", "error", "argument"), [pytest.param(*case[1:], id=case[0]) for case in CASES])
 def test_bad_input_raises_names_the_argument_and_changes_nothing(
     call: Call, error: type[Exception], argument: str
 ) -> None:
