@@ -26,7 +26,9 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-MACHINE_PATHS = re.compile(r"(/work/|/root/|/home/\w+/|site-packages|/tmp/)")
+# Paths of the machine that executed the notebooks (the book's own examples, such as
+# "/home/user/doc1.txt" in chapter 5, are fine).
+MACHINE_PATHS = re.compile(r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python)")
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/setup.sh --browser)")
 
@@ -85,12 +87,17 @@ def test_page_loads_with_title_images_and_no_leaks(page, site: str, name: str) -
     assert response is not None and response.ok, f"{name}: HTTP {response and response.status}"
     heading = page.locator("main h1").first
     assert heading.inner_text().strip(), f"{name}: no title"
-    broken = page.evaluate(
-        """() => [...document.querySelectorAll('main img')]
-                 .filter(img => !(img.complete && img.naturalWidth > 0))
-                 .map(img => img.getAttribute('src'))"""
+    # Images from the site itself must load; external ones (the Colab badge) cannot load on
+    # this offline machine, so for those only the address is checked.
+    images = page.evaluate(
+        """() => [...document.querySelectorAll('main img')].map(img => ({
+                 src: img.src, local: new URL(img.src).origin === location.origin,
+                 ok: img.complete && img.naturalWidth > 0}))"""
     )
+    broken = [img["src"] for img in images if img["local"] and not img["ok"]]
     assert broken == [], f"{name}: broken images {broken}"
+    external = [img["src"] for img in images if not img["local"]]
+    assert all(src.startswith("https://colab.research.google.com/assets/") for src in external), external
     text = page.locator("main").inner_text()
     assert "Traceback (most recent call last)" not in text, f"{name}: shows a traceback"
     leak = MACHINE_PATHS.search(text)
