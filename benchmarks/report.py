@@ -62,7 +62,7 @@ def evict_section(doc: dict[str, Any]) -> list[str]:
 def store_section(doc: dict[str, Any], title: str) -> list[str]:
     return [
         f"### {title}", "", machine_line(doc), "",
-        table(doc["rows"], ["tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
+        table(doc["rows"], ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
               {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}),
     ]  # fmt: skip
 

@@ -4,7 +4,9 @@ Writing K/V for ``n`` new tokens into their slots moves ``2 x n x heads x head_d
 elements; no store can be faster than copying that many bytes between two
 contiguous buffers. Side by side, on one realistic shape (8 KV heads x 128 dims,
 bf16, i.e. 2 KiB per token for K and as much for V), scattered into a cache of
-32k slots (128k on CUDA) at random unique slots:
+32k slots (128k on CUDA), at two kinds of slots: ``random`` unique slots (the worst case: every
+row lands somewhere else) and ``pool`` slots (four ascending runs, as a page pool hands them out
+after some churn -- what a server really passes):
 
 * ``memcpy``: ``dst.copy_(src)`` of the same bytes into a contiguous part of the cache -- the bandwidth bound;
 * ``index_copy_``: the bare scatter torch offers, no checks;
@@ -47,11 +49,28 @@ CUDA_SIZES = (1_024, 4_096, 16_384, 65_536, 262_144)
 INTERPRETER_SIZES = (256, 1_024)
 
 
-def setup(num_tokens: int, num_slots: int, device: torch.device) -> dict[str, torch.Tensor]:
+SLOT_LAYOUTS = ("random", "pool")
+
+
+def make_slots(layout: str, num_tokens: int, num_slots: int, generator: torch.Generator) -> torch.Tensor:
+    if layout == "random":
+        return torch.randperm(num_slots, generator=generator)[:num_tokens]
+    # Four ascending runs in four disjoint quarters of the cache.
+    quarter, run = num_slots // 4, -(-num_tokens // 4)
+    pieces, left = [], num_tokens
+    for q in range(4):
+        length = min(run, left)
+        offset = int(torch.randint(0, quarter - length + 1, (1,), generator=generator))
+        pieces.append(torch.arange(q * quarter + offset, q * quarter + offset + length))
+        left -= length
+    return torch.cat(pieces)
+
+
+def setup(num_tokens: int, num_slots: int, device: torch.device, layout: str = "random") -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(num_tokens)
     k_cache = torch.zeros(num_slots, HEADS, HEAD_DIM, dtype=DTYPE, device=device)
     v_cache = torch.zeros_like(k_cache)
-    slots = torch.randperm(num_slots, generator=generator)[:num_tokens]
+    slots = make_slots(layout, num_tokens, num_slots, generator)
     k = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(device, DTYPE)
     v = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(device, DTYPE)
     return {
@@ -136,11 +155,11 @@ def run(device: torch.device) -> list[dict[str, Any]]:
     num_slots = 131_072 if device.type == "cuda" else 32_768
     num_slots = max(num_slots, 2 * max(sizes))
     rows = []
-    for n in sizes:
+    for layout, n in ((layout, n) for layout in SLOT_LAYOUTS for n in sizes):
         payload = 2 * n * HEADS * HEAD_DIM * torch.finfo(DTYPE).bits // 8
         memcpy_s = memcpy_min = None
         for name, variant in variants(device, n).items():
-            tensors = setup(n, num_slots, device)
+            tensors = setup(n, num_slots, device, layout)
             interpreted = device.type != "cuda" and "triton" in name
             seconds, samples = seconds_per_call(lambda: variant(tensors), device, slow=interpreted)
             if name not in ("memcpy", "validate only"):
@@ -150,7 +169,7 @@ def run(device: torch.device) -> list[dict[str, Any]]:
             assert memcpy_s is not None and memcpy_min is not None
             writes = name != "validate only"
             rows.append({
-                "device": str(device), "tokens": n, "variant": name + (" (interpreted)" if interpreted else ""),
+                "device": str(device), "slots": layout, "tokens": n, "variant": name + (" (interpreted)" if interpreted else ""),
                 "payload_bytes": payload, "us": seconds * 1e6, "us_min": min(samples) * 1e6,
                 "us_samples": [s * 1e6 for s in samples],
                 "gb_per_s": payload / seconds / 1e9 if writes else None,
@@ -158,7 +177,7 @@ def run(device: torch.device) -> list[dict[str, Any]]:
                 "vs_memcpy_min": memcpy_min / min(samples) if writes else None,
                 "share_of_memcpy_time": seconds / memcpy_s,
             })  # fmt: skip
-            print(f"  {str(device):5s} {n:>7} tokens  {rows[-1]['variant']:32s} {seconds * 1e6:12.1f} µs", flush=True)
+            print(f"  {str(device):5s} {layout:6s} {n:>7} tokens  {rows[-1]['variant']:32s} {seconds * 1e6:12.1f} µs", flush=True)
     return rows
 
 
@@ -175,7 +194,7 @@ def main() -> None:
         raise SystemExit("TRITON_INTERPRET=1 is set: unset it to benchmark the compiled kernel on CUDA")
     rows = run(device)
     print()
-    print(table(rows, ["tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
+    print(table(rows, ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
                 {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}))  # fmt: skip
     name = "store" if device.type == "cpu" else "store_cuda"
     extra = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE)}, "interpreted_triton": INTERPRETED}

@@ -138,12 +138,26 @@ def _store_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Te
         # Pages are adjacent rows: one flat (slots, heads, head_dim) view.
         flat = cache.view(num_pages * page_size, *cache.shape[2:])
         if runs is None:
-            flat.index_copy_(0, index, src)
+            wide_cache, wide_src = _as_wide_rows(flat), _as_wide_rows(src)
+            if wide_cache is not None and wide_src is not None:
+                # Scattered slots: copy each row as 8-byte words (4x fewer elements for bf16).
+                wide_cache.index_copy_(0, index, wide_src)
+            else:
+                flat.index_copy_(0, index, src)
         else:
             # A pool hands out consecutive slots, so out_loc is mostly a few ascending runs:
             # one block copy per run moves memory at copy bandwidth, unlike a per-row scatter.
             for start, first, length in runs:
                 flat[first : first + length].copy_(src[start : start + length])
+
+
+def _as_wide_rows(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``(rows, heads, head_dim)`` seen as ``(rows, row_bytes // 8)`` int64 words, when each row is contiguous."""
+    rows, heads, dim = tensor.shape
+    row_bytes = heads * dim * tensor.element_size()
+    if tensor.stride(2) != 1 or tensor.stride(1) != dim or row_bytes % 8 or tensor.data_ptr() % 8 or (tensor.stride(0) * tensor.element_size()) % 8:
+        return None
+    return tensor.view(rows, heads * dim).view(torch.int64)
 
 
 def _contiguous_runs(indices: torch.Tensor, min_run: int = 16) -> list[tuple[int, int, int]] | None:
