@@ -12,7 +12,7 @@ import torch
 from ._validate import as_count, as_positive
 from .base import BaseKVCache, KVCacheLayout
 from .errors import ArgumentError, ArgumentTypeError, SlotIndexError
-from .kernels.store import SUPPORTED_DTYPES, store_cache
+from .kernels.store import SUPPORTED_DTYPES, _store
 
 
 class MHAKVCache(BaseKVCache):
@@ -93,15 +93,7 @@ class MHAKVCache(BaseKVCache):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         layer = self._layer(layer_id, "layer_id")
-        if not isinstance(out_loc, torch.Tensor) or out_loc.dtype not in (torch.int32, torch.int64):
-            raise ArgumentTypeError("out_loc must be an int32 or int64 tensor of slot indices")
-        if out_loc.dim() == 1 and len(out_loc) and out_loc.device == self.device:
-            low, high = int(out_loc.min()), int(out_loc.max())
-            if low < 0 or high >= self.num_slots:
-                raise SlotIndexError(f"out_loc: slot {low if low < 0 else high} is outside [0, {self.num_slots})")
-            if torch.unique(out_loc).shape[0] != out_loc.shape[0]:
-                raise ArgumentError("out_loc must be unique: two tokens cannot share one slot")
-        store_cache(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v)
+        _store(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v, "auto", "out_loc")
 
     @property
     def device(self) -> torch.device:

@@ -106,7 +106,11 @@ class RadixTreeNode:
         return self._parent is None
 
     def is_evicted(self) -> bool:
-        """True once ``evict`` has removed this node: a handle to it is stale."""
+        """True once ``evict`` removed this node (or, after ``reset``, for the nodes that were at the top).
+
+        Below the top of a reset tree a node does not know it was dropped; its handles are
+        stale all the same, and ``lock_handle`` refuses them (it walks up to the root).
+        """
         return self._parent is _EVICTED
 
     def is_leaf(self) -> bool:

@@ -88,7 +88,15 @@ def store_cache(
     (the reference, and the fast path on CPU) or ``"auto"`` (Triton on CUDA,
     torch on CPU). Everything is validated before anything is written.
     """
-    k_cache4, v_cache4 = _validate(k_cache, v_cache, indices, k, v, backend)
+    _store(k_cache, v_cache, indices, k, v, backend, "indices")
+
+
+def _store(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    backend: str, index_name: str,
+) -> None:  # fmt: skip
+    """``store_cache``, with errors about the slot indices naming the caller's argument (``out_loc`` for ``store_kv``)."""
+    k_cache4, v_cache4 = _validate(k_cache, v_cache, indices, k, v, backend, index_name)
     if len(indices) == 0:
         return
     use_triton = backend == "triton" or (backend == "auto" and k.is_cuda)
@@ -176,11 +184,12 @@ def _as_paged(cache: torch.Tensor) -> torch.Tensor:
 
 
 def _validate(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    backend: str, index_name: str = "indices",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if backend not in BACKENDS:
         raise ArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache), ("indices", indices), ("k", k), ("v", v)):
+    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache), (index_name, indices), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if k_cache.dim() not in (3, 4):
@@ -198,14 +207,14 @@ def _validate(
     if v.shape[0] != k.shape[0]:
         raise ArgumentError(f"v has {v.shape[0]} tokens but k has {k.shape[0]}")
     if indices.dim() != 1 or len(indices) != k.shape[0]:
-        raise ArgumentError(f"indices must be 1-D with {k.shape[0]} entries (one per token), got shape {tuple(indices.shape)}")
+        raise ArgumentError(f"{index_name} must be 1-D with {k.shape[0]} entries (one per token), got shape {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
-        raise ArgumentTypeError(f"indices must be int32 or int64, got {indices.dtype}")
+        raise ArgumentTypeError(f"{index_name} must be int32 or int64, got {indices.dtype}")
     for name, tensor in (("v_cache", v_cache), ("k", k), ("v", v)):
         if tensor.dtype != k_cache.dtype:
             raise ArgumentTypeError(f"{name} dtype {tensor.dtype} differs from the cache dtype {k_cache.dtype}")
     device = k_cache.device
-    for name, tensor in (("v_cache", v_cache), ("indices", indices), ("k", k), ("v", v)):
+    for name, tensor in (("v_cache", v_cache), (index_name, indices), ("k", k), ("v", v)):
         if tensor.device != device:
             raise DeviceMismatchError(f"{name} is on {tensor.device}, but k_cache is on {device}")
     if backend == "triton" and device.type != "cuda" and not INTERPRETED:
@@ -216,9 +225,9 @@ def _validate(
         low, high = int(indices.min()), int(indices.max())
         if low < 0 or high >= num_slots:
             bad = low if low < 0 else high
-            raise SlotIndexError(f"indices: slot {bad} is outside [0, {num_slots})")
+            raise SlotIndexError(f"{index_name}: slot {bad} is outside [0, {num_slots})")
         if len(torch.unique(indices)) != len(indices):
-            raise ArgumentError("indices must be unique: two tokens cannot share one slot")
+            raise ArgumentError(f"{index_name} must be unique: two tokens cannot share one slot")
     if k_cache4.data_ptr() == v_cache4.data_ptr():
         raise ArgumentError("k_cache and v_cache must not be the same memory")
     return k_cache4, v_cache4

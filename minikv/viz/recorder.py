@@ -206,9 +206,10 @@ class TreeRecorder(BaseCacheManager):
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
             if not changes.evicted:
                 return _join(head, ["nothing to do"]), ()
-            removed = ", ".join(
-                f"[{self._words(v.tokens)}] ({_plural(len(v.tokens), 'slot')})" for v in changes.evicted
-            )
+            # In the order evict took them: by where each node's slots appear in what it returned.
+            position = {slot: i for i, slot in enumerate(freed.tolist())}
+            in_order = sorted(changes.evicted, key=lambda v: position.get(v.slots[0], len(position)))
+            removed = ", ".join(f"[{self._words(v.tokens)}] ({_plural(len(v.tokens), 'slot')})" for v in in_order)
             parts = [f"removed {removed}"]
             if len(freed) != size:
                 parts.append(f"freed {_plural(len(freed), 'slot')}: whole nodes go")
