@@ -118,7 +118,9 @@ check("naive.manager", NaiveManager)
 # cached part is found block by block, as far as the hashes are known. There is no tree
 # and no lock on a path; each block counts its users.
 #
-# The scaffold is given (`minikv.exercises.blocks`):
+# The scaffold is given (`minikv.exercises.blocks`). It is the storage of minikv's own
+# `BlockManager` (`minikv.block_manager`), under the same names but without its methods;
+# the checks run that manager beside your functions and compare the two after every step.
 #
 # * `Block(block_id, ref_count=0, hash=-1, token_ids=())`: `hash` is -1 while the block
 #   is not full; `token_ids` are kept to rule out hash collisions.
@@ -285,3 +287,37 @@ try:
     print(pool.describe())
 except NotImplementedError:
     print("write allocate (task 4.4) first")
+
+# %% [markdown]
+# ## The real block manager
+#
+# `minikv.block_manager.BlockManager` is what the checks compared you with. It keeps the
+# same three structures, and adds what a server needs around them: a `Sequence` per
+# request holding its tokens, its block table and `num_cached_tokens`;
+# `can_allocate` for a scheduler to ask first; `append` for decoding, which takes a new
+# block when a token opens one and hashes a block the moment it fills; and
+# `check_integrity`, which recounts every reference from the block tables.
+#
+# The same two prompts as above, then three decoded tokens that fill the first
+# request's last block, then the first request finishing:
+
+# %%
+from minikv.block_manager import BlockManager, Sequence
+
+manager = BlockManager(num_blocks=8, block_size=4)
+first = Sequence([1, 2, 3, 4, 5, 6, 7, 8, 9])
+second = Sequence([1, 2, 3, 4, 5, 6, 0, 0, 0])
+for name, seq in (("first", first), ("second", second)):
+    manager.allocate(seq)
+    print(f"{name}: block table {seq.block_table}, cached tokens {seq.num_cached_tokens}")
+
+for token in (10, 11, 12):
+    manager.append(first, token)
+last_block = manager.blocks[first.block_table[-1]]
+print(f"first after decoding: {len(first)} tokens, block table {first.block_table}")
+print(f"its last block is full and hashed now: tokens {list(last_block.token_ids)}, hashed: {last_block.hash != -1}")
+
+manager.deallocate(first)
+print("free list after first finishes:", list(manager.free_block_ids), "(block 0 stays: second uses it)")
+manager.check_integrity()
+print(manager)

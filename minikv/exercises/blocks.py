@@ -8,23 +8,22 @@ There is no tree and no lock on a path: each block has a reference count, and a
 block whose count drops to zero goes back on the free list *keeping its hash*,
 so it can still be hit until someone reuses its memory.
 
-The scaffold a learner builds on -- :class:`Block`, :class:`BlockPool` and
-:func:`compute_hash` -- is public. minikv's own ``allocate`` and ``deallocate``
-are private here: they are the reference the checks compare against.
+The reference is :class:`minikv.block_manager.BlockManager`. A learner works on
+:class:`BlockPool`, the manager's storage without its methods (the same
+``blocks``, ``hash_to_block`` and ``free_block_ids``), so after every step the
+two can be compared field by field. :class:`~minikv.block_manager.Block` and
+:func:`~minikv.block_manager.compute_hash` are the package's own, re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .._validate import as_positive
+from ..block_manager import Block, BlockManager, Sequence, block_hashes, compute_hash
 from ..errors import OutOfSlotsError
 from ._core import Case, Mismatch, call, exercise, expect_equal, outcome, raised
 
@@ -32,21 +31,12 @@ _F = Callable[..., object]
 
 
 @dataclass
-class Block:
-    """One block of ``block_size`` token slots."""
-
-    block_id: int
-    ref_count: int = 0
-    """Requests using this block right now."""
-    hash: int = -1
-    """The chained hash of the prefix ending with this block; -1 while the block is not full."""
-    token_ids: tuple[int, ...] = ()
-    """The block's tokens, kept to rule out hash collisions."""
-
-
-@dataclass
 class BlockPool:
-    """Every block, the hash table of full blocks, and the free list (oldest first)."""
+    """Every block, the hash table of full blocks, and the free list (the next block to reuse on the left).
+
+    The storage of a :class:`~minikv.block_manager.BlockManager`, under the same
+    names, with no sequences and no methods: the exercises write those.
+    """
 
     num_blocks: int
     block_size: int
@@ -62,88 +52,33 @@ class BlockPool:
 
     def describe(self) -> str:
         """The pool's state as text, the way the checks print it."""
-        used = [f"{b.block_id}(ref {b.ref_count}{', hashed' if b.hash != -1 else ''})" for b in self.blocks if b.ref_count]
-        cached = sorted(self.hash_to_block.values())
-        return (
-            f"in use: {', '.join(used) or 'none'}\n"
-            f"free list: {list(self.free_block_ids)}\n"
-            f"hash table points at blocks: {cached}"
-        )
+        return _describe(self)
 
 
-def compute_hash(token_ids: Sequence[int], prefix_hash: int = -1) -> int:
-    """The hash of a block given the hash of the prefix before it (-1 for the first block).
-
-    As nano-vllm does with xxh64: hash the prefix's hash (8 bytes, little-endian),
-    then the token ids. blake2b is in the standard library, so nothing extra is installed.
-    """
-    h = hashlib.blake2b(digest_size=8)
-    if prefix_hash != -1:
-        h.update(prefix_hash.to_bytes(8, "little"))
-    h.update(np.asarray(list(token_ids), dtype=np.int64).tobytes())
-    return int.from_bytes(h.digest(), "little")
+def _describe(pool: BlockPool | BlockManager) -> str:
+    used = [f"{b.block_id}(ref {b.ref_count}{', hashed' if b.hash != -1 else ''})" for b in pool.blocks if b.ref_count]
+    cached = sorted(pool.hash_to_block.values())
+    return (
+        f"in use: {', '.join(used) or 'none'}\n"
+        f"free list: {list(pool.free_block_ids)}\n"
+        f"hash table points at blocks: {cached}"
+    )
 
 
-# -- the reference ----------------------------------------------------------------
-
-
-def _block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    ids = list(token_ids)
-    hashes: list[int] = []
-    prefix = -1
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        prefix = compute_hash(ids[start : start + block_size], prefix)
-        hashes.append(prefix)
-    return hashes
-
-
-def _allocate(pool: BlockPool, token_ids: Sequence[int]) -> tuple[list[int], int]:
-    ids = list(token_ids)
-    bs = pool.block_size
-    num_blocks = math.ceil(len(ids) / bs)
-    hashes = _block_hashes(ids, bs)
-    hits: list[int] = []
-    # The last block is never reused: at least one token must be computed (nano-vllm issue #144).
-    for i in range(min(len(hashes), num_blocks - 1)):
-        block_id = pool.hash_to_block.get(hashes[i])
-        if block_id is None or pool.blocks[block_id].token_ids != tuple(ids[i * bs : (i + 1) * bs]):
-            break
-        hits.append(block_id)
-    needed = num_blocks - sum(1 for b in hits if pool.blocks[b].ref_count > 0)
-    if needed > len(pool.free_block_ids):
-        raise OutOfSlotsError(f"token_ids: {num_blocks} blocks needed, {len(pool.free_block_ids)} free")
-    table = []
-    for i in range(num_blocks):
-        if i < len(hits):
-            block = pool.blocks[hits[i]]
-            if block.ref_count == 0:
-                pool.free_block_ids.remove(block.block_id)
-            block.ref_count += 1
-        else:
-            block = pool.blocks[pool.free_block_ids.popleft()]
-            if block.hash != -1 and pool.hash_to_block.get(block.hash) == block.block_id:
-                del pool.hash_to_block[block.hash]
-            block.ref_count, block.hash, block.token_ids = 1, -1, ()
-            if i < len(hashes):
-                block.hash, block.token_ids = hashes[i], tuple(ids[i * bs : (i + 1) * bs])
-                pool.hash_to_block[block.hash] = block.block_id
-        table.append(block.block_id)
-    return table, len(hits) * bs
-
-
-def _deallocate(pool: BlockPool, block_table: Sequence[int]) -> None:
-    # Reverse order: the tail blocks go back first, so they are reused before the prefix blocks.
-    for block_id in reversed(list(block_table)):
-        block = pool.blocks[block_id]
-        block.ref_count -= 1
-        if block.ref_count == 0:
-            pool.free_block_ids.append(block_id)
+def _copy_state(source: BlockManager, target: BlockPool) -> None:
+    """Make ``target`` hold what ``source`` holds: the reference does a step on the learner's behalf."""
+    for mine, theirs in zip(target.blocks, source.blocks):
+        mine.ref_count, mine.hash, mine.token_ids = theirs.ref_count, theirs.hash, theirs.token_ids
+    target.hash_to_block.clear()
+    target.hash_to_block.update(source.hash_to_block)
+    target.free_block_ids.clear()
+    target.free_block_ids.extend(source.free_block_ids)
 
 
 # -- comparing pools ------------------------------------------------------------------
 
 
-def _state(pool: BlockPool) -> tuple:
+def _state(pool: BlockPool | BlockManager) -> tuple:
     return (
         [(b.ref_count, b.hash, tuple(b.token_ids)) for b in pool.blocks],
         dict(pool.hash_to_block),
@@ -151,17 +86,17 @@ def _state(pool: BlockPool) -> tuple:
     )
 
 
-def _compare_pools(expected: BlockPool, got: BlockPool, when: str) -> None:
+def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
     exp_blocks, exp_table, exp_free = _state(expected)
     got_blocks, got_table, got_free = _state(got)
     for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks)):
         if e[0] != g[0]:
-            raise Mismatch(f"{when}, block {block_id} should have ref_count {e[0]}.", expected.describe(), got.describe())
+            raise Mismatch(f"{when}, block {block_id} should have ref_count {e[0]}.", _describe(expected), got.describe())
         if e[1] != g[1] or e[2] != g[2]:
             state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
             raise Mismatch(
                 f"{when}, block {block_id} should {state}: hash {e[1]}, tokens {list(e[2])}; it has hash {g[1]}, tokens {list(g[2])}.",
-                expected.describe(),
+                _describe(expected),
                 got.describe(),
             )
     if exp_table != got_table:
@@ -174,7 +109,7 @@ def _compare_pools(expected: BlockPool, got: BlockPool, when: str) -> None:
                 problem += " (that block now holds other tokens: remove stale entries when a block is reused)"
         elif missing:
             problem += f": it should map hash {missing[0][0]} to block {missing[0][1]}"
-        raise Mismatch(problem + ".", expected.describe(), got.describe())
+        raise Mismatch(problem + ".", _describe(expected), got.describe())
     if exp_free != got_free:
         raise Mismatch(f"{when}, the free list is wrong (its order decides which block is reused next).", str(exp_free), str(got_free))
 
@@ -259,21 +194,29 @@ SCENARIOS = [
 ]
 
 
-def _run_scenario(scenario: PoolScenario, allocate: _F, deallocate: _F, learner_allocates: bool) -> None:
+def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | None, learner_allocates: bool) -> None:
+    """Replay ``scenario`` on the learner's pool and on minikv's :class:`BlockManager`, comparing after every step.
+
+    The learner writes one of the two operations; the other is done by the
+    reference, which then copies its state onto the learner's pool (the two
+    were equal before the step, so that is the step done right).
+    """
     mine = BlockPool(scenario.num_blocks, scenario.block_size)
-    ref = BlockPool(scenario.num_blocks, scenario.block_size)
-    tables: dict[str, tuple[list[int], list[int]]] = {}
+    ref = BlockManager(scenario.num_blocks, scenario.block_size)
+    tables: dict[str, list[int]] = {}
+    sequences: dict[str, Sequence] = {}
     for number, op in enumerate(scenario.ops, 1):
         when = f"after step {number} ({_describe_op(op)})"
         if op[0] == "collide":
-            for pool in (mine, ref):
-                block = pool.blocks[tables[op[1]][0 if pool is mine else 1][0]]
+            for block in (mine.blocks[tables[op[1]][0]], ref.blocks[sequences[op[1]].block_table[0]]):
                 block.token_ids = tuple(t + 100 for t in block.token_ids)
             continue
         if op[0] == "alloc":
             _, name, ids = op
+            seq = Sequence(list(ids))
             try:
-                expected = _allocate(ref, ids)
+                ref.allocate(seq)
+                expected = (list(seq.block_table), seq.num_cached_tokens)
             except OutOfSlotsError:
                 expected = None
             if learner_allocates:
@@ -297,17 +240,17 @@ def _run_scenario(scenario: PoolScenario, allocate: _F, deallocate: _F, learner_
             else:
                 if expected is None:
                     continue
-                table = _allocate(mine, ids)[0]
-                expected = (list(expected[0]), expected[1])
-            tables[name] = (table, expected[0])
+                _copy_state(ref, mine)
+                table = expected[0]
+            tables[name], sequences[name] = table, seq
         else:
             _, name = op
-            mine_table, ref_table = tables.pop(name)
-            _deallocate(ref, ref_table)
+            table = tables.pop(name)
+            ref.deallocate(sequences.pop(name))
             if learner_allocates:
-                _deallocate(mine, mine_table)
+                _copy_state(ref, mine)
             else:
-                call(deallocate, mine, list(mine_table))
+                call(deallocate, mine, list(table))
         _compare_pools(ref, mine, when)
 
 
@@ -346,7 +289,7 @@ def _hash_cases() -> list[Case]:
     def make(desc: str, ids: tuple[int, ...], block_size: int) -> Case:
         def run(fn: _F) -> None:
             got = call(fn, list(ids), block_size)
-            expected = _block_hashes(ids, block_size)
+            expected = block_hashes(list(ids), block_size)
             if not isinstance(got, list):
                 raise Mismatch("return a list of ints.", "a list", type(got).__name__)
             if got == expected:
@@ -367,7 +310,7 @@ def _hash_cases() -> list[Case]:
 @exercise("blocks.allocate", "a block table that reuses cached blocks, nano-vllm style")
 def _allocate_cases() -> list[Case]:
     def make(scenario: PoolScenario) -> Case:
-        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, fn, _deallocate, True))
+        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, fn, None, True))
 
     return [make(s) for s in SCENARIOS]
 
@@ -386,6 +329,6 @@ def _deallocate_cases() -> list[Case]:
     ]
 
     def make(scenario: PoolScenario) -> Case:
-        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, _allocate, fn, False))
+        return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, None, fn, False))
 
     return [make(s) for s in scenarios]
