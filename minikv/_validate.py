@@ -51,7 +51,10 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
             raise ArgumentTypeError(f"{name} must contain only ints")
-        array = np.asarray(value, dtype=np.int64).reshape(-1)
+        try:
+            array = np.asarray(value, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            raise ArgumentError(f"{name}: a token id does not fit in 64 bits") from None
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
     return array
