@@ -36,11 +36,13 @@ SOLUTIONS = REPO / "exercises" / "solutions"
 EXERCISES = REPO / "exercises"
 
 INSTALL_CELL = """\
-# On Colab, install minikv (and graphviz) first; elsewhere this cell does nothing.
+# On Colab: install minikv and graphviz. Elsewhere: nothing to do.
 import importlib.util, sys
-if "google.colab" in sys.modules and importlib.util.find_spec("minikv") is None:
+if ("google.colab" in sys.modules
+        and importlib.util.find_spec("minikv") is None):
     %pip install -q "minikv @ git+https://github.com/minikv-course/minikv@main"
     !apt-get -qq install -y graphviz > /dev/null"""
+INSTALL_TAGS = ["remove-cell"]  # the published book does not need it; Colab runs it
 
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?P<mode>\s+pass)?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
@@ -129,7 +131,7 @@ def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.Notebo
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
-    made = [nbformat.v4.new_code_cell(INSTALL_CELL)]
+    made = [nbformat.v4.new_code_cell(INSTALL_CELL, metadata={"tags": list(INSTALL_TAGS)})]
     for cell in cells:
         if cell.cell_type == "markdown":
             made.append(nbformat.v4.new_markdown_cell(cell.source))
