@@ -254,11 +254,9 @@ class RadixCacheManager(BaseCacheManager):
         insert_len = len(ids) - len(ids) % self.page_size
         node, prefix_len = self._walk(ids[:insert_len])
         if prefix_len < insert_len:
-            new_slots = slots[prefix_len:insert_len]
-            self._check_new_slots(new_slots)
             leaf = RadixTreeNode(self._clock)
             # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
-            leaf.set_key_value(ids[prefix_len:insert_len].copy(), _copy(new_slots))
+            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._new_slots(slots, prefix_len, insert_len))
             leaf.set_parent(node, self.page_size)
             self._num_nodes += 1
             self.evictable_size += leaf.length
@@ -402,23 +400,25 @@ class RadixCacheManager(BaseCacheManager):
 
     # -- helpers ------------------------------------------------------------
 
-    def _check_new_slots(self, new_slots: torch.Tensor) -> None:
-        """Refuse slots a new leaf could not own: a slot listed twice, or (paged) slots that are not whole pages.
+    def _new_slots(self, slots: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """A private copy of ``slots[start:end]`` for a new leaf, refused if no leaf could own them.
 
-        Runs after the walk, so a refused insert may have split a node on its way,
-        which changes no cached token (exactly as a match does).
+        Refused: a slot listed twice, or (paged) slots that are not whole pages.
+        Runs after the walk, so a refused insert may have split a node on its way, which changes
+        no cached token (exactly as a match does).
         """
-        slots = new_slots.cpu().numpy()
+        on_cpu = slots.device.type == "cpu"
+        part = (slots.numpy() if on_cpu else slots.cpu().numpy())[start:end]
+        steps = np.diff(part)
         # Slots from a pool are usually ascending, which proves them distinct without a sort.
-        if not (slots[1:] > slots[:-1]).all():
-            ordered = np.sort(slots)
-            if (ordered[1:] == ordered[:-1]).any():
-                raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
+        if steps.size and steps.min() <= 0 and np.unique(part).size != part.size:
+            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
         ps = self.page_size
         if ps > 1:
-            pages = slots.reshape(-1, ps)
+            pages = part.reshape(-1, ps)
             if (pages[:, 0] % ps).any() or not np.array_equal(pages - pages[:, :1], np.broadcast_to(np.arange(ps), pages.shape)):
                 raise ArgumentError(f"indices: with page_size {ps}, each page of tokens must get one whole page of slots")
+        return torch.from_numpy(part.copy()) if on_cpu else slots[start:end].clone()
 
     def _path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
         """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
@@ -457,11 +457,6 @@ class RadixCacheManager(BaseCacheManager):
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-
-def _copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A private copy; through NumPy on the CPU, where that is several times cheaper than ``clone``."""
-    return torch.from_numpy(tensor.numpy().copy()) if tensor.device.type == "cpu" else tensor.clone()
 
 
 def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:
