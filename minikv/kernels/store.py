@@ -179,6 +179,15 @@ def _contiguous_runs(indices: torch.Tensor, min_run: int = 16) -> list[tuple[int
     return [(int(a), int(slots[a]), int(n)) for a, n in zip(starts, lengths)]
 
 
+def _all_distinct(indices: torch.Tensor) -> bool:
+    """No slot twice. Ascending slots (what a pool hands out) prove it without sorting."""
+    if len(indices) < 2:
+        return True
+    if bool((indices[1:] > indices[:-1]).all()):
+        return True
+    return len(torch.unique(indices)) == len(indices)
+
+
 def _as_paged(cache: torch.Tensor) -> torch.Tensor:
     return cache.unsqueeze(1) if cache.dim() == 3 else cache
 
@@ -226,7 +235,7 @@ def _validate(
         if low < 0 or high >= num_slots:
             bad = low if low < 0 else high
             raise SlotIndexError(f"{index_name}: slot {bad} is outside [0, {num_slots})")
-        if len(torch.unique(indices)) != len(indices):
+        if not _all_distinct(indices):
             raise ArgumentError(f"{index_name} must be unique: two tokens cannot share one slot")
     if k_cache4.data_ptr() == v_cache4.data_ptr():
         raise ArgumentError("k_cache and v_cache must not be the same memory")
