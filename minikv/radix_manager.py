@@ -216,8 +216,7 @@ class RadixCacheManager(BaseCacheManager):
         prefix_len = 0
         total = len(input_ids) - len(input_ids) % page_size
         while prefix_len < total:
-            first = int(input_ids[prefix_len]) if page_size == 1 else tuple(input_ids[prefix_len : prefix_len + page_size].tolist())
-            child = node.children.get(first)
+            child = node.children.get(child_key(input_ids[prefix_len:], page_size))
             if child is None:
                 break
             node = child
