@@ -408,9 +408,9 @@ class RadixCacheManager(BaseCacheManager):
         """
         on_cpu = slots.device.type == "cpu"
         part = (slots.numpy() if on_cpu else slots.cpu().numpy())[start:end]
-        steps = np.diff(part)
+        steps = part[1:] - part[:-1]
         # Slots from a pool are usually ascending, which proves them distinct without a sort.
-        if steps.size and steps.min() <= 0 and np.unique(part).size != part.size:
+        if steps.size and np.minimum.reduce(steps) <= 0 and np.unique(part).size != part.size:
             raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
         ps = self.page_size
         if ps > 1:
