@@ -27,12 +27,17 @@ from .errors import ArgumentError, ArgumentTypeError
 from .kernels.store import BACKENDS, store_cache
 
 
-def gather_kv(kv_cache: BaseKVCache, layer: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V rows of ``indices`` in layer ``layer``, each ``(len(indices), heads, head_dim)``.
+def gather_kv(
+    kv_cache: BaseKVCache,
+    layer: int,
+    indices: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the K and V rows of slots ``indices`` from one layer's cache.
 
-    Slot ``s`` is row ``s % page_size`` of page ``s // page_size``: the same
-    arithmetic the store kernel does, run backwards. This is the read half of
-    paged attention; real kernels fuse it into the attention loop instead of copying.
+    Slot ``s`` is row ``s % page_size`` of page ``s // page_size``: the
+    store kernel's arithmetic, run backwards. This is the read half of paged
+    attention; real kernels fuse it into the attention loop, without a copy.
+    Returns two ``(len(indices), heads, head_dim)`` tensors.
     """
     k_pages, v_pages = kv_cache.k_cache(layer), kv_cache.v_cache(layer)
     page_size = k_pages.shape[1]
