@@ -5,7 +5,7 @@ Management layer: :class:`NaiveCacheManager` and :class:`RadixCacheManager`.
 Around them: :class:`PagePool` and the request lifecycle (:mod:`minikv.lifecycle`).
 """
 
-from . import block_manager, errors
+from . import block_manager, errors, tiny_model
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache, KVCacheLayout, SizeInfo
 from .capacity import (
     MODELS,
@@ -32,5 +32,5 @@ __all__ = [
     "PagePool", "Request", "admit", "finish", "serve",
     "MODELS", "ModelShape", "kv_bytes_per_token", "mla_bytes_per_token", "tokens_that_fit",
     "tokens_that_fit_beside_weights",
-    "block_manager", "errors",
+    "block_manager", "errors", "tiny_model",
 ]  # fmt: skip
