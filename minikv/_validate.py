@@ -14,6 +14,7 @@ import torch
 from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_INT32_MAX = np.iinfo(np.int32).max
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
@@ -38,16 +39,16 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
 
     Any integer is a valid id: the tree only compares ids, it never indexes with them.
     """
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, np.ndarray):  # first: the lifecycle passes NumPy arrays
+        if value.ndim != 1 or value.dtype.kind not in "iu":
+            raise ArgumentTypeError(f"{name} must be a 1-D integer array, got {value.dtype} {value.shape}")
+        array = value if value.dtype == np.int64 else value.astype(np.int64)
+    elif isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES:
             raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
         if value.dim() != 1:
             raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         array = value.detach().to("cpu", torch.int64).numpy()
-    elif isinstance(value, np.ndarray):
-        if value.ndim != 1 or value.dtype.kind not in "iu":
-            raise ArgumentTypeError(f"{name} must be a 1-D integer array, got {value.dtype} {value.shape}")
-        array = value if value.dtype == np.int64 else value.astype(np.int64)
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
             raise ArgumentTypeError(f"{name} must contain only ints")
@@ -60,10 +61,13 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
     return array
 
 
-def as_slot_indices(
-    value: torch.Tensor | Sequence[int], device: torch.device, name: str = "indices"
-) -> torch.Tensor:
-    """Slot indices as a 1-D int32 tensor on ``device``; negative slots are rejected."""
+def as_slot_array(value: torch.Tensor | Sequence[int], device: torch.device, name: str = "indices") -> np.ndarray:
+    """Slot indices as a 1-D int32 NumPy array, checked: integers, 1-D, on ``device``, none negative.
+
+    A NumPy array because the managers check and copy slots on the CPU, where each
+    NumPy call costs a fraction of a torch call (and a CUDA tensor is brought over
+    once). For a CPU int32 tensor it is a view, not a copy: keep a copy of what you keep.
+    """
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES:
             raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
@@ -71,17 +75,24 @@ def as_slot_indices(
             raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         if value.device != device:
             raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
-        tensor = value if value.dtype == torch.int32 else value.to(torch.int32)
+        array = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
+        if array.dtype != np.int32:
+            if array.size and np.maximum.reduce(array) > _INT32_MAX:
+                raise ArgumentError(f"{name}: slot {int(np.maximum.reduce(array))} does not fit in int32")
+            array = array.astype(np.int32)
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
             raise ArgumentTypeError(f"{name} must contain only ints")
-        tensor = torch.tensor(value, dtype=torch.int32, device=device)
+        try:
+            array = np.asarray(value, dtype=np.int32).reshape(-1)
+        except OverflowError:
+            raise ArgumentError(f"{name}: a slot index does not fit in int32") from None
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
-    # (np.minimum.reduce skips the Python-level wrapper of ndarray.min: this runs on every insert.)
-    if tensor.shape[0] and (np.minimum.reduce(tensor.numpy()) if tensor.device.type == "cpu" else int(tensor.min())) < 0:
+    # (np.minimum.reduce, not .min(): the method's Python wrapper costs as much as the scan; this runs on every insert.)
+    if array.size and np.minimum.reduce(array) < 0:
         raise ArgumentError(f"{name} must not contain negative slot indices")
-    return tensor
+    return array
 
 
 def as_count(value: object, name: str) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import canonical_device, as_count, as_slot_indices, as_token_ids
+from ._validate import canonical_device, as_count, as_slot_array, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import ArgumentError, ArgumentTypeError, EvictionUnsupportedError
 
@@ -39,7 +39,7 @@ class NaiveCacheManager(BaseCacheManager):
 
     def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
         ids = as_token_ids(input_ids)
-        slots = as_slot_indices(indices, self.device)
+        slots = as_slot_array(indices, self.device)
         if len(ids) != len(slots):
             raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
         # "Everything is already cached": the caller frees indices[0:len], i.e. all of them.

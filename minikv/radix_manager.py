@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import canonical_device, as_count, as_positive, as_slot_indices, as_token_ids
+from ._validate import canonical_device, as_count, as_positive, as_slot_array, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import (
     ArgumentError,
@@ -41,8 +41,7 @@ ChildKey = int | tuple[int, ...]
 
 _node_ids = itertools.count()
 # Shared by every node before set_key_value (and by the root forever): never written to.
-_EMPTY_KEY = torch.empty(0, dtype=torch.int64)
-_EMPTY_KEY_NP = _EMPTY_KEY.numpy()
+_EMPTY_KEY = np.empty(0, dtype=np.int64)
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int32)
 
 
@@ -55,7 +54,7 @@ class RadixTreeNode:
     last use, for LRU eviction.
     """
 
-    __slots__ = ("children", "_parent", "ref_count", "uid", "timestamp", "_key", "_key_np", "_value", "_length")
+    __slots__ = ("children", "_parent", "ref_count", "uid", "timestamp", "_key", "_value", "_length")
 
     def __init__(self, timestamp: int = 0) -> None:
         self.children: dict[ChildKey, RadixTreeNode] = {}
@@ -63,15 +62,18 @@ class RadixTreeNode:
         self.ref_count: int = 0
         self.uid: int = next(_node_ids)
         self.timestamp: int = timestamp
-        self._key: torch.Tensor = _EMPTY_KEY
-        self._key_np: np.ndarray = _EMPTY_KEY_NP
+        self._key: np.ndarray = _EMPTY_KEY
         self._value: torch.Tensor = _EMPTY_VALUE
         self._length: int = 0
 
     @property
     def key(self) -> torch.Tensor:
-        """The token ids of this edge (CPU, int64)."""
-        return self._key
+        """The token ids of this edge (CPU, int64; shares the node's memory).
+
+        Kept as a NumPy array inside: the walk compares keys there, and a tensor
+        per node would cost more than the comparison.
+        """
+        return torch.from_numpy(self._key)
 
     @property
     def value(self) -> torch.Tensor:
@@ -88,19 +90,17 @@ class RadixTreeNode:
         return None if self._parent is _EVICTED else self._parent
 
     def set_key_value(self, key: torch.Tensor | np.ndarray, value: torch.Tensor) -> None:
-        length = key.shape[0]
-        if length != value.shape[0]:
-            raise ArgumentError(f"key has {length} tokens but value has {value.shape[0]} slots")
-        if isinstance(key, np.ndarray):
-            self._key_np, self._key = key, torch.from_numpy(key)
-        else:
-            self._key, self._key_np = key, key.numpy()
+        length = len(key)
+        if length != len(value):
+            raise ArgumentError(f"key has {length} tokens but value has {len(value)} slots")
+        key = key if isinstance(key, np.ndarray) else key.numpy()
+        self._key = key if key.dtype == np.int64 else key.astype(np.int64)  # the walk compares int64 bytes
         self._value = value
         self._length = length
 
     def set_parent(self, parent: RadixTreeNode, page_size: int = 1) -> None:
         self._parent = parent
-        parent.children[child_key(self._key_np, page_size)] = self
+        parent.children[child_key(self._key, page_size)] = self
 
     def is_root(self) -> bool:
         return self._parent is None
@@ -118,7 +118,7 @@ class RadixTreeNode:
 
     def get_match_len(self, input_ids: np.ndarray) -> int:
         """How many leading tokens of ``input_ids`` equal this node's key."""
-        return match_len(self._key_np, input_ids)
+        return match_len(self._key, input_ids)
 
     def _split_at(self, pos: int, page_size: int = 1) -> RadixTreeNode:
         """Cut this node after ``pos`` tokens; return the new upper node.
@@ -144,7 +144,7 @@ class RadixTreeNode:
     def __repr__(self) -> str:
         if self.is_root():
             return "RadixTreeNode(root)"
-        shown = self._key_np[:6].tolist()
+        shown = self._key[:6].tolist()
         more = "..." if self._length > 6 else ""
         state = "evicted, " if self.is_evicted() else ""
         return f"RadixTreeNode({state}key={shown}{more}, len={self._length}, ref={self.ref_count}, t={self.timestamp})"
@@ -186,6 +186,8 @@ class RadixCacheManager(BaseCacheManager):
         self.device = canonical_device(device)
         self.page_size = as_positive(page_size, "page_size")
         self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._on_cpu = self.device.type == "cpu"
+        self._page_offsets = np.arange(self.page_size, dtype=np.int32)
         self.root_node = RadixTreeNode()
         self.root_node.ref_count = 1  # the root is always protected and never evicted
         self.evictable_size = 0
@@ -215,27 +217,39 @@ class RadixCacheManager(BaseCacheManager):
         node = self.root_node
         prefix_len = 0
         total = len(input_ids) - len(input_ids) % page_size
+        # One copy of the tokens as bytes: each node's key is then compared in place
+        # (a memcmp), and only a key that differs is compared token by token.
+        input_bytes = input_ids[:total].tobytes()
         while prefix_len < total:
             child = node.children.get(child_key(input_ids[prefix_len:], page_size))
             if child is None:
                 break
             node = child
-            matched = node.get_match_len(input_ids[prefix_len:total])
-            matched -= matched % page_size
+            if input_bytes.startswith(node._key, prefix_len * 8):
+                matched = node._length
+            else:
+                matched = node.get_match_len(input_ids[prefix_len:total])
+                matched -= matched % page_size
             prefix_len += matched
-            if matched != node.length:
+            if matched != node._length:
                 node = node._split_at(matched, page_size)
                 self._num_nodes += 1
                 node.timestamp = now
                 break
             self._touch(node, now)
-        self._maybe_compact()
         return node, prefix_len
 
     def _touch(self, node: RadixTreeNode, now: int) -> None:
         node.timestamp = now
         if node.ref_count == 0 and not node.children:
-            heapq.heappush(self._evictable_leaves, (now, node.uid, node))
+            self._push_evictable(node)
+
+    def _push_evictable(self, node: RadixTreeNode) -> None:
+        """Queue an evictable leaf under its current timestamp (older entries for it go stale)."""
+        heap = self._evictable_leaves
+        heapq.heappush(heap, (node.timestamp, node.uid, node))
+        if len(heap) > 2 * self._num_nodes + 64:
+            self._compact()
 
     # -- the public interface ----------------------------------------------
 
@@ -243,39 +257,39 @@ class RadixCacheManager(BaseCacheManager):
         node, prefix_len = self._walk(as_token_ids(input_ids))
         if prefix_len == 0:
             return RadixCacheHandle(0, node), self.empty_tensor
-        return RadixCacheHandle(prefix_len, node), torch.cat([n._value for n in _path_to_root(node)][::-1])
+        return RadixCacheHandle(prefix_len, node), torch.cat(_values_from_root(node))
 
     def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
         ids = as_token_ids(input_ids)
-        slots = as_slot_indices(indices, self.device)
-        if len(ids) != slots.shape[0]:
-            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {slots.shape[0]} slots")
+        slots = as_slot_array(indices, self.device)
+        if len(ids) != len(slots):
+            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
         insert_len = len(ids) - len(ids) % self.page_size
         node, prefix_len = self._walk(ids[:insert_len])
         if prefix_len < insert_len:
             leaf = RadixTreeNode(self._clock)
             # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
-            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._new_slots(slots, prefix_len, insert_len))
+            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._new_slots(slots[prefix_len:insert_len]))
             leaf.set_parent(node, self.page_size)
             self._num_nodes += 1
             self.evictable_size += leaf.length
             # The parent's heap entry, if it had one, is now stale: it has a child.
-            heapq.heappush(self._evictable_leaves, (leaf.timestamp, leaf.uid, leaf))
+            self._push_evictable(leaf)
         return prefix_len
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
         path = self._path_of(handle)
         if unlock:
-            unlocked = next((n for n in path if n.ref_count <= 0), None)
-            if unlocked is not None:
-                raise LockError(f"handle: cannot unlock, {unlocked!r} on its path is not locked")
+            # A node never has more locks than its parent, so the handle's own node has the fewest.
+            if path and path[0].ref_count <= 0:
+                raise LockError(f"handle: cannot unlock, {path[0]!r} on its path is not locked")
             for n in path:
                 n.ref_count -= 1
                 if n.ref_count == 0:
                     self.protected_size -= n.length
                     self.evictable_size += n.length
                     if not n.children:
-                        heapq.heappush(self._evictable_leaves, (n.timestamp, n.uid, n))
+                        self._push_evictable(n)
         else:
             for n in path:
                 if n.ref_count == 0:
@@ -298,14 +312,14 @@ class RadixCacheManager(BaseCacheManager):
                 continue
             parent = node._parent
             assert parent is not None
-            del parent.children[child_key(node._key_np, self.page_size)]
+            del parent.children[child_key(node._key, self.page_size)]
             node._parent = _EVICTED
             self._num_nodes -= 1
             self.evictable_size -= node.length
             evicted_size += node.length
             evicted.append(node._value)
             if parent is not self.root_node and not parent.children and parent.ref_count == 0:
-                heapq.heappush(heap, (parent.timestamp, parent.uid, parent))
+                heapq.heappush(heap, (parent.timestamp, parent.uid, parent))  # evict never grows the heap: no compaction
         return torch.cat(evicted)
 
     def reset(self) -> torch.Tensor:
@@ -375,8 +389,8 @@ class RadixCacheManager(BaseCacheManager):
             raise IntegrityError(
                 "key/value length", f"length {node.length}, key {len(node._key)}, value {len(node._value)}", node
             )
-        if child_key(node._key_np, ps) != key:
-            raise IntegrityError("child key", f"filed under {key!r}, but its key starts {child_key(node._key_np, ps)!r}", node)
+        if child_key(node._key, ps) != key:
+            raise IntegrityError("child key", f"filed under {key!r}, but its key starts {child_key(node._key, ps)!r}", node)
         if node.ref_count < 0:
             raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
         if parent is not self.root_node and node.ref_count > parent.ref_count:
@@ -399,25 +413,26 @@ class RadixCacheManager(BaseCacheManager):
 
     # -- helpers ------------------------------------------------------------
 
-    def _new_slots(self, slots: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """A private copy of ``slots[start:end]`` for a new leaf, refused if no leaf could own them.
+    def _new_slots(self, slots: np.ndarray) -> torch.Tensor:
+        """A private copy of the new leaf's ``slots`` as a tensor, refused if no leaf could own them.
 
         Refused: a slot listed twice, or (paged) slots that are not whole pages.
         Runs after the walk, so a refused insert may have split a node on its way, which changes
         no cached token (exactly as a match does).
         """
-        on_cpu = slots.device.type == "cpu"
-        part = (slots.numpy() if on_cpu else slots.cpu().numpy())[start:end]
-        steps = part[1:] - part[:-1]
-        # Slots from a pool are usually ascending, which proves them distinct without a sort.
-        if steps.size and np.minimum.reduce(steps) <= 0 and np.unique(part).size != part.size:
-            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
+        # Slots from a fresh pool ascend, which proves them distinct without a sort.
+        if np.count_nonzero(slots[1:] <= slots[:-1]):
+            ordered = np.sort(slots)  # (np.unique would sort too, at three times the cost)
+            if np.count_nonzero(ordered[1:] == ordered[:-1]):
+                raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
         ps = self.page_size
         if ps > 1:
-            pages = part.reshape(-1, ps)
-            if (pages[:, 0] % ps).any() or not np.array_equal(pages - pages[:, :1], np.broadcast_to(np.arange(ps), pages.shape)):
+            firsts = slots[::ps]
+            whole_pages = (firsts[:, None] + self._page_offsets).reshape(-1)
+            if np.count_nonzero(firsts % ps) or whole_pages.tobytes() != slots.tobytes():
                 raise ArgumentError(f"indices: with page_size {ps}, each page of tokens must get one whole page of slots")
-        return torch.from_numpy(part.copy()) if on_cpu else slots[start:end].clone()
+        value = torch.from_numpy(slots.copy())
+        return value if self._on_cpu else value.to(self.device)
 
     def _path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
         """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
@@ -443,11 +458,10 @@ class RadixCacheManager(BaseCacheManager):
             and not node.is_evicted()
         )
 
-    def _maybe_compact(self) -> None:
-        heap = self._evictable_leaves
-        if len(heap) > 2 * self._num_nodes + 64:
-            self._evictable_leaves = [e for e in heap if self._is_evictable_leaf(e[2], e[0])]
-            heapq.heapify(self._evictable_leaves)
+    def _compact(self) -> None:
+        """Drop the stale entries of the eviction heap, once they outnumber the nodes two to one."""
+        self._evictable_leaves = [e for e in self._evictable_leaves if self._is_evictable_leaf(e[2], e[0])]
+        heapq.heapify(self._evictable_leaves)
 
     def _nodes(self) -> Iterator[RadixTreeNode]:
         """Every node but the root, parents before children."""
@@ -458,8 +472,11 @@ class RadixCacheManager(BaseCacheManager):
             stack.extend(node.children.values())
 
 
-def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:
-    """``node`` and its ancestors, root excluded, deepest first."""
+def _values_from_root(node: RadixTreeNode) -> list[torch.Tensor]:
+    """The slot tensors of ``node``'s path, root first (the root holds none)."""
+    values = []
     while node._parent is not None:
-        yield node
+        values.append(node._value)
         node = node._parent
+    values.reverse()
+    return values

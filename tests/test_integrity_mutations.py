@@ -89,7 +89,6 @@ def slot_held_by_two_nodes(m: RadixCacheManager) -> None:
 def empty_non_root_node(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
     leaf._key = leaf._key[:0]
-    leaf._key_np = leaf._key.numpy()
     leaf._value = leaf._value[:0]
     leaf._length = 0
 
@@ -103,7 +102,6 @@ def partial_page_node(m: RadixCacheManager) -> None:
     # [4, 5] (two pages) loses its last token and slot: key and value still agree, but end mid-page.
     leaf = node(m, 1, 2, 4, 5)
     leaf._key, leaf._value = leaf._key[:-1], leaf._value[:-1]
-    leaf._key_np = leaf._key.numpy()
     leaf._length -= 1
 
 

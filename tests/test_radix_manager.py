@@ -257,11 +257,33 @@ def test_insert_converts_int64_and_list_indices_to_int32() -> None:
     manager.check_integrity()
 
 
-def test_insert_refuses_a_slot_listed_twice() -> None:
+@pytest.mark.parametrize("slots", [[5, 5, 6], [9, 2, 9], [4, 7, 1, 7]], ids=["adjacent", "apart", "unsorted"])
+def test_insert_refuses_a_slot_listed_twice(slots: list[int]) -> None:
     manager = RadixCacheManager()
     with pytest.raises(ArgumentError, match="indices"):
-        manager.insert_prefix([1, 2, 3], [5, 5, 6])
+        manager.insert_prefix(list(range(len(slots))), slots)
     assert manager.num_nodes == 0
+
+
+def test_insert_accepts_distinct_slots_in_any_order() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3, 4], [30, 31, 2, 3])  # two runs, as a pool hands them out after evictions
+    assert node_at(manager, (1, 2, 3, 4)).value.tolist() == [30, 31, 2, 3]
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize("slots", [torch.tensor([2**31 + 1], dtype=torch.int64), [2**31 + 1]], ids=["int64 tensor", "list"])
+def test_insert_refuses_slots_that_do_not_fit_int32(slots: object) -> None:
+    manager = RadixCacheManager()
+    with pytest.raises(ArgumentError, match="indices"):
+        manager.insert_prefix([1], slots)
+    assert manager.num_nodes == 0
+
+
+def test_insert_keeps_int64_token_keys_whatever_the_key_dtype() -> None:
+    node = RadixTreeNode()
+    node.set_key_value(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))
+    assert node.key.dtype == torch.int64 and node.get_match_len(np.array([1, 2, 3])) == 2
 
 
 # -- lock_handle ------------------------------------------------------------------

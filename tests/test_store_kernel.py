@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_bitwise_equal
 
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
+from minikv.kernels import store as store_module
 from minikv.errors import ArgumentError, SlotIndexError
 
 BACKENDS = ["torch", "triton"]
@@ -227,3 +229,28 @@ def test_the_compiled_kernel_on_cuda_matches_the_reference(dtype: torch.dtype) -
     k = torch.randn(n, 3, 40, generator=gen).to(dtype).cuda()
     v = torch.randn(n, 3, 40, generator=gen).to(dtype).cuda()
     store_both_ways(k_cache, v_cache, indices, k, v, "triton")
+
+
+@pytest.mark.parametrize(
+    ("slots", "distinct"),
+    [
+        ([], True),
+        ([4], True),
+        ([0, 1, 2, 3], True),  # one run
+        ([40, 41, 42, 0, 1, 2], True),  # two runs, out of order
+        ([3, 9, 1, 7], True),  # runs of one
+        ([5, 6, 7, 6, 7, 8], False),  # two runs that overlap
+        ([10, 11, 12, 12], False),  # a run followed by its own last slot
+        ([9, 2, 9], False),
+    ],
+)
+def test_all_distinct_sees_overlapping_runs(slots: list[int], distinct: bool) -> None:
+    for dtype in (torch.int32, torch.int64):
+        assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) is distinct
+
+
+def test_runs_split_at_every_break() -> None:
+    starts, lengths = store_module._runs(np.array([7, 8, 9, 2, 3, 11], dtype=np.int32))
+    assert starts.tolist() == [0, 3, 5] and lengths.tolist() == [3, 2, 1]
+    starts, lengths = store_module._runs(np.array([], dtype=np.int32))
+    assert starts.tolist() == [] and lengths.tolist() == []
