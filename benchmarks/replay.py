@@ -45,12 +45,16 @@ from minikv.workloads import few_shot, multi_turn_chat, offline_optimal_hits, sh
 TIGHT_FRACTION = 0.25
 """The tight pool holds this share of the pages the stream needs when nothing is evicted."""
 
-TARGETS_US = {
-    # The issue's targets for the radix manager, in µs of cache management per request.
-    ("shared_system_prompt", "radix", "large"): 15.0,
-    ("shared_system_prompt", "radix", "tight"): 65.0,
-    ("multi_turn_chat", "radix", "large"): 60.0,
+MATURE_SERVERS_US = {
+    # The issue's figures for mature servers' radix caches on a CPU like this one:
+    # µs of cache management (match, lock, insert, unlock, evict) per request, low and high end.
+    ("shared_system_prompt", "large"): (30.0, 30.0),
+    ("shared_system_prompt", "tight"): (65.0, 95.0),
+    ("multi_turn_chat", "large"): (60.0, 70.0),
 }
+"""minikv's radix manager should take half of that; the target below is half of the *low* end."""
+
+TARGETS_US = {(workload, "radix", pool): low / 2 for (workload, pool), (low, _) in MATURE_SERVERS_US.items()}
 
 
 def workloads(quick: bool) -> dict[str, list[np.ndarray]]:
@@ -167,8 +171,13 @@ class _Timed:
         return getattr(self._inner, name)
 
 
-def breakdown(variant: Variant, num_pages: int, requests: list[np.ndarray]) -> dict[str, float]:
-    """µs per request spent in each manager method, in the pool, and in the lifecycle glue around them."""
+def breakdown(variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int = 5) -> dict[str, float]:
+    """µs per request spent in each manager method, in the pool, and in the glue: each the minimum over ``repeats`` runs."""
+    runs = [_breakdown_once(variant, num_pages, requests) for _ in range(repeats)]
+    return {key: min(run[key] for run in runs) for key in runs[0]}
+
+
+def _breakdown_once(variant: Variant, num_pages: int, requests: list[np.ndarray]) -> dict[str, float]:
     ledger: dict[str, float] = defaultdict(float)
     raw_manager = variant.make_manager()
     manager = _Timed(raw_manager, ledger, ("match_prefix", "lock_handle", "insert_prefix", "evict"), "manager")
@@ -239,18 +248,20 @@ def main() -> None:
                 "optimal_hit_rate": sum(optimum) / tokens,
                 "hit_vs_optimal": (sum(hits) / sum(optimum)) if sum(optimum) else None,
                 "evicted_slots": evicted,
-                "target_us": target,
-                "meets_target": (us <= target) if target else None,
             }
-            rows.append(row)
             split = breakdown(variant, num_pages, requests)
             splits.append({"workload": name, "variant": variant.label, **split})
-            print(f"  {name:22s} {variant.label:16s} {us:8.1f} µs/request", flush=True)
+            # The target is for cache management: the manager's methods, as the mature servers' figures count it.
+            row["manager_us"] = split["manager_total"]
+            row["target_us"] = target
+            row["meets_target"] = (split["manager_total"] <= target) if target else None
+            rows.append(row)
+            print(f"  {name:22s} {variant.label:16s} {us:8.1f} µs/request, {split['manager_total']:5.1f} in the manager", flush=True)
 
-    columns = ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive", "hit_rate",
-               "optimal_hit_rate", "hit_vs_optimal", "evicted_slots", "target_us"]  # fmt: skip
+    columns = ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive", "manager_us", "target_us",
+               "hit_rate", "optimal_hit_rate", "hit_vs_optimal", "evicted_slots"]  # fmt: skip
     formats = {"us_per_request": ".1f", "us_per_request_min": ".1f", "vs_naive": ".2f", "hit_rate": ".3f",
-               "optimal_hit_rate": ".3f", "hit_vs_optimal": ".3f", "target_us": ".0f"}  # fmt: skip
+               "optimal_hit_rate": ".3f", "hit_vs_optimal": ".3f", "manager_us": ".1f", "target_us": ".1f"}  # fmt: skip
     print()
     print(table(rows, columns, formats))
     split_columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",

@@ -280,9 +280,9 @@ class RadixCacheManager(BaseCacheManager):
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
         path = self._path_of(handle)
         if unlock:
-            # A node never has more locks than its parent, so the handle's own node has the fewest.
-            if path and path[0].ref_count <= 0:
-                raise LockError(f"handle: cannot unlock, {path[0]!r} on its path is not locked")
+            for n in path:
+                if n.ref_count <= 0:
+                    raise LockError(f"handle: cannot unlock, {n!r} on its path is not locked")
             for n in path:
                 n.ref_count -= 1
                 if n.ref_count == 0:
