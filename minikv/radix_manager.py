@@ -155,11 +155,11 @@ class RadixTreeNode:
 _EVICTED = RadixTreeNode()
 
 
-def child_key(key: np.ndarray, page_size: int) -> ChildKey:
-    """The dict key a node is filed under in its parent: first token, or first page."""
+def child_key(key: np.ndarray, page_size: int, start: int = 0) -> ChildKey:
+    """The dict key a node is filed under in its parent: first token, or first page (of ``key[start:]``)."""
     if page_size == 1:
-        return int(key[0])
-    return tuple(key[:page_size].tolist())
+        return int(key[start])
+    return tuple(key[start : start + page_size].tolist())
 
 
 def match_len(key: np.ndarray, input_ids: np.ndarray) -> int:
@@ -221,28 +221,29 @@ class RadixCacheManager(BaseCacheManager):
         # (a memcmp), and only a key that differs is compared token by token.
         input_bytes = input_ids[:total].tobytes()
         while prefix_len < total:
-            child = node.children.get(child_key(input_ids[prefix_len:], page_size))
+            child = node.children.get(child_key(input_ids, page_size, prefix_len))
             if child is None:
                 break
             node = child
             if input_bytes.startswith(node._key, prefix_len * 8):
-                matched = node._length
-            else:
-                matched = node.get_match_len(input_ids[prefix_len:total])
-                matched -= matched % page_size
+                # The whole key matched (the common case): stamp the node and go on below it.
+                prefix_len += node._length
+                self._touch(node, now)
+                continue
+            # The match ends inside this node: split it there, and the upper half is where it ends.
+            matched = node.get_match_len(input_ids[prefix_len:total])
+            matched -= matched % page_size
             prefix_len += matched
-            if matched != node._length:
-                node = node._split_at(matched, page_size)
-                self._num_nodes += 1
-                node.timestamp = now
-                break
-            self._touch(node, now)
+            node = node._split_at(matched, page_size)
+            self._num_nodes += 1
+            node.timestamp = now
+            break
         return node, prefix_len
 
     def _touch(self, node: RadixTreeNode, now: int) -> None:
         node.timestamp = now
         if node.ref_count == 0 and not node.children:
-            self._push_evictable(node)
+            self._push_evictable(node)  # a used leaf moves to the back of the LRU queue
 
     def _push_evictable(self, node: RadixTreeNode) -> None:
         """Queue an evictable leaf under its current timestamp (older entries for it go stale)."""
