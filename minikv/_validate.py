@@ -75,9 +75,12 @@ def as_slot_array(value: torch.Tensor | Sequence[int], device: torch.device, nam
             raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         if value.device != device:
             raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
-        array = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
-        if array.dtype != np.int32:
-            if array.size and np.maximum.reduce(array) > _INT32_MAX:
+        array = value.numpy() if value.is_cpu else value.cpu().numpy()
+        if array.dtype != np.int32 and array.size:
+            # Checked before the cast, which would wrap a slot past int32 (or below it) round to a valid-looking one.
+            if np.minimum.reduce(array) < 0:
+                raise ArgumentError(f"{name} must not contain negative slot indices")
+            if np.maximum.reduce(array) > _INT32_MAX:
                 raise ArgumentError(f"{name}: slot {int(np.maximum.reduce(array))} does not fit in int32")
             array = array.astype(np.int32)
     elif isinstance(value, (list, tuple)):

@@ -50,6 +50,8 @@ def test_child_key_is_the_first_token_or_the_first_page() -> None:
     key = np.array([5, 6, 7, 8, 9])
     assert child_key(key, 1) == 5 and isinstance(child_key(key, 1), int)
     assert child_key(key, 4) == (5, 6, 7, 8)
+    # With an offset: the key of key[start:], without slicing it first.
+    assert child_key(key, 1, 3) == 8 and child_key(key, 2, 2) == (7, 8)
 
 
 # -- RadixTreeNode ------------------------------------------------------------
@@ -272,7 +274,11 @@ def test_insert_accepts_distinct_slots_in_any_order() -> None:
     manager.check_integrity()
 
 
-@pytest.mark.parametrize("slots", [torch.tensor([2**31 + 1], dtype=torch.int64), [2**31 + 1]], ids=["int64 tensor", "list"])
+@pytest.mark.parametrize(
+    "slots",
+    [torch.tensor([2**31 + 1], dtype=torch.int64), [2**31 + 1], torch.tensor([-(2**32) + 5], dtype=torch.int64)],
+    ids=["int64 tensor", "list", "negative int64 that wraps to a valid int32"],
+)
 def test_insert_refuses_slots_that_do_not_fit_int32(slots: object) -> None:
     manager = RadixCacheManager()
     with pytest.raises(ArgumentError, match="indices"):
