@@ -28,6 +28,7 @@ class PagePool:
         self.num_pages = as_positive(num_pages, "num_pages")
         self.page_size = as_positive(page_size, "page_size")
         self.device = canonical_device(device)
+        self._on_cpu = self.device.type == "cpu"
         # Page numbers are kept as np.intp: NumPy indexes with intp several times
         # faster than with int32, and every free() and allocate() indexes with them.
         # A stack whose top (the end) is the next page to hand out.
@@ -159,7 +160,7 @@ class PagePool:
         else:
             slots = (pages[:, None] * self.page_size + self._offsets).reshape(-1)[:num_tokens]
         tensor = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
-        return tensor if self.device.type == "cpu" else tensor.to(self.device)
+        return tensor if self._on_cpu else tensor.to(self.device)
 
     def __repr__(self) -> str:
         return f"PagePool(num_pages={self.num_pages}, page_size={self.page_size}, free_pages={self._num_free})"

@@ -177,7 +177,7 @@ def _contiguous_runs(indices: torch.Tensor, min_run: int = 16) -> list[tuple[int
     starts, lengths = _runs(slots)
     if len(starts) * min_run > len(slots):
         return None
-    return [(int(a), int(slots[a]), int(n)) for a, n in zip(starts, lengths)]
+    return list(zip(starts.tolist(), slots[starts].tolist(), lengths.tolist()))
 
 
 def _runs(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,12 +195,12 @@ def _all_distinct(indices: torch.Tensor) -> bool:
         if bool((indices[1:] > indices[:-1]).all()):
             return True
         return len(torch.unique(indices)) == len(indices)
-    slots = indices.numpy().astype(np.int64, copy=False)
+    slots = indices.numpy()
     if not np.count_nonzero(slots[1:] <= slots[:-1]):
         return True
     # A pool hands out a few runs of consecutive slots: sorting the runs is far cheaper than sorting the slots.
     starts, lengths = _runs(slots)
-    firsts = slots[starts]
+    firsts = slots[starts].astype(np.int64)  # int64: a run's end may not fit in int32
     order = np.argsort(firsts)
     ends = firsts + lengths
     return not np.count_nonzero(firsts[order][1:] < ends[order][:-1])
