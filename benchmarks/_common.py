@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("MINIKV_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+"""Where results are written; the smoke tests point it at a temporary folder."""
 
 
 def median_seconds(run: Callable[[], object], repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:

@@ -150,8 +150,10 @@ def check_written(t: dict[str, torch.Tensor]) -> None:
     assert torch.equal(t["k_cache"][t["idx64"]], t["k"]) and torch.equal(t["v_cache"][t["idx64"]], t["v"])
 
 
-def run(device: torch.device) -> list[dict[str, Any]]:
+def run(device: torch.device, quick: bool = False) -> list[dict[str, Any]]:
     sizes = CUDA_SIZES if device.type == "cuda" else tuple(sorted(set(CPU_SIZES) | set(INTERPRETER_SIZES)))
+    if quick:
+        sizes = sizes[:1]
     num_slots = 131_072 if device.type == "cuda" else 32_768
     num_slots = max(num_slots, 2 * max(sizes))
     rows = []
@@ -186,18 +188,19 @@ def main() -> None:
     default = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", choices=("cpu", "cuda"), default=default)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs only)")
+    parser.add_argument("--quick", action="store_true", help="the smallest size only (a smoke test, not a result)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     if device.type == "cuda" and INTERPRETED:
         raise SystemExit("TRITON_INTERPRET=1 is set: unset it to benchmark the compiled kernel on CUDA")
-    rows = run(device)
+    rows = run(device, quick=args.quick)
     print()
     print(table(rows, ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
                 {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}))  # fmt: skip
     name = "store" if device.type == "cpu" else "store_cuda"
-    extra = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE)}, "interpreted_triton": INTERPRETED}
+    extra = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE)}, "interpreted_triton": INTERPRETED, "quick": args.quick}
     print(f"\nwrote {write_results(name, {**extra, 'rows': rows})}")
 
 

@@ -1,0 +1,52 @@
+"""The benchmark scripts still run, and still hold their claims, on a small scale.
+
+Each script is run as a learner would run it, in quick mode, with its results sent to a
+temporary folder (``MINIKV_BENCH_RESULTS``) so the committed results are not touched. The
+scripts assert what must never go wrong -- the radix cache's hits equal the offline optimum,
+the tree passes ``check_integrity``, every stored row landed in its slot -- so a run that
+finishes is a check of those claims; the timings themselves are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_benchmark(script: str, args: list[str], results: Path) -> dict:
+    env = {**os.environ, "MINIKV_BENCH_RESULTS": str(results), "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    written = sorted(p.name for p in results.iterdir())
+    assert len(written) == 1, written
+    return json.loads((results / written[0]).read_text())
+
+
+def test_replay_quick_meets_the_offline_optimum(tmp_path: Path) -> None:
+    doc = run_benchmark("replay", ["--quick", "--repeats", "1"], tmp_path)
+    assert doc["quick"] is True
+    radix_large = [r for r in doc["rows"] if r["manager"] == "radix" and r["pool"] == "large"]
+    assert radix_large and all(r["hit_vs_optimal"] == 1.0 for r in radix_large if r["optimal_hit_rate"] > 0)
+    assert any(r["evicted_slots"] > 0 for r in doc["rows"] if r["pool"] == "tight")
+    assert all(r["manager_us"] > 0 for r in doc["rows"])
+
+
+def test_evict_scaling_small(tmp_path: Path) -> None:
+    doc = run_benchmark("evict_scaling", ["--max-n", "1000"], tmp_path)
+    assert [r["leaves"] for r in doc["rows"]] == [100, 300, 1000]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") not in (None, "1"), reason="needs Triton's interpreter on CPU")
+def test_store_quick_writes_every_row(tmp_path: Path) -> None:
+    doc = run_benchmark("store", ["--quick", "--device", "cpu"], tmp_path)
+    assert doc["quick"] is True and {r["tokens"] for r in doc["rows"]} == {256}
+    assert {"memcpy", "store_cache[torch]"} <= {r["variant"] for r in doc["rows"]}
