@@ -50,12 +50,7 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
             raise ArgumentError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
         array = value.detach().to("cpu", torch.int64).numpy()
     elif isinstance(value, (list, tuple)):
-        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
-            raise ArgumentTypeError(f"{name} must contain only ints")
-        try:
-            array = np.asarray(value, dtype=np.int64).reshape(-1)
-        except OverflowError:
-            raise ArgumentError(f"{name}: a token id does not fit in 64 bits") from None
+        array = _ints_as_array(value, np.int64, name, "a token id")
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
     return array
@@ -84,18 +79,23 @@ def as_slot_array(value: torch.Tensor | Sequence[int], device: torch.device, nam
                 raise ArgumentError(f"{name}: slot {int(np.maximum.reduce(array))} does not fit in int32")
             array = array.astype(np.int32)
     elif isinstance(value, (list, tuple)):
-        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
-            raise ArgumentTypeError(f"{name} must contain only ints")
-        try:
-            array = np.asarray(value, dtype=np.int32).reshape(-1)
-        except OverflowError:
-            raise ArgumentError(f"{name}: a slot index does not fit in int32") from None
+        array = _ints_as_array(value, np.int32, name, "a slot index")
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
     # (np.minimum.reduce, not .min(): the method's Python wrapper costs as much as the scan; this runs on every insert.)
     if array.size and np.minimum.reduce(array) < 0:
         raise ArgumentError(f"{name} must not contain negative slot indices")
     return array
+
+
+def _ints_as_array(value: Sequence[int], dtype: type[np.integer], name: str, what: str) -> np.ndarray:
+    """A list or tuple of ints as a 1-D array of ``dtype``; bools, floats and ints too big for it are refused."""
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
+        raise ArgumentTypeError(f"{name} must contain only ints")
+    try:
+        return np.asarray(value, dtype=dtype).reshape(-1)
+    except OverflowError:
+        raise ArgumentError(f"{name}: {what} does not fit in {np.dtype(dtype).name}") from None
 
 
 def as_count(value: object, name: str) -> int:
