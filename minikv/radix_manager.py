@@ -42,6 +42,7 @@ ChildKey = int | tuple[int, ...]
 _node_ids = itertools.count()
 # Shared by every node before set_key_value (and by the root forever): never written to.
 _EMPTY_KEY = np.empty(0, dtype=np.int64)
+_INT64 = _EMPTY_KEY.dtype
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int32)
 
 
@@ -90,11 +91,11 @@ class RadixTreeNode:
         return None if self._parent is _EVICTED else self._parent
 
     def set_key_value(self, key: torch.Tensor | np.ndarray, value: torch.Tensor) -> None:
-        length = len(key)
-        if length != len(value):
-            raise ArgumentError(f"key has {length} tokens but value has {len(value)} slots")
         key = key if isinstance(key, np.ndarray) else key.numpy()
-        self._key = key if key.dtype == np.int64 else key.astype(np.int64)  # the walk compares int64 bytes
+        length = len(key)
+        if length != value.shape[0]:  # (len() of a tensor costs four times shape[0]; this runs on every insert)
+            raise ArgumentError(f"key has {length} tokens but value has {value.shape[0]} slots")
+        self._key = key if key.dtype == _INT64 else key.astype(_INT64)  # the walk compares int64 bytes
         self._value = value
         self._length = length
 
@@ -273,7 +274,7 @@ class RadixCacheManager(BaseCacheManager):
             leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._new_slots(slots[prefix_len:insert_len]))
             leaf.set_parent(node, self.page_size)
             self._num_nodes += 1
-            self.evictable_size += leaf.length
+            self.evictable_size += leaf._length
             # The parent's heap entry, if it had one, is now stale: it has a child.
             self._push_evictable(leaf)
         return prefix_len
@@ -287,15 +288,15 @@ class RadixCacheManager(BaseCacheManager):
             for n in path:
                 n.ref_count -= 1
                 if n.ref_count == 0:
-                    self.protected_size -= n.length
-                    self.evictable_size += n.length
+                    self.protected_size -= n._length
+                    self.evictable_size += n._length
                     if not n.children:
                         self._push_evictable(n)
         else:
             for n in path:
                 if n.ref_count == 0:
-                    self.evictable_size -= n.length
-                    self.protected_size += n.length
+                    self.evictable_size -= n._length
+                    self.protected_size += n._length
                 n.ref_count += 1
 
     def evict(self, size: int) -> torch.Tensor:
@@ -316,8 +317,8 @@ class RadixCacheManager(BaseCacheManager):
             del parent.children[child_key(node._key, self.page_size)]
             node._parent = _EVICTED
             self._num_nodes -= 1
-            self.evictable_size -= node.length
-            evicted_size += node.length
+            self.evictable_size -= node._length
+            evicted_size += node._length
             evicted.append(node._value)
             if parent is not self.root_node and not parent.children and parent.ref_count == 0:
                 heapq.heappush(heap, (parent.timestamp, parent.uid, parent))  # evict never grows the heap: no compaction
