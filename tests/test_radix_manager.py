@@ -13,7 +13,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import manager_snapshot, nodes_with_prefix, tree_entries, tree_slots
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from helpers import REPRODUCIBLE, manager_snapshot, nodes_with_prefix, tree_entries, tree_slots
 
 from minikv import RadixCacheHandle, RadixCacheManager, RadixTreeNode, SizeInfo
 from minikv.errors import ArgumentError, EvictionError, LockError, StaleHandleError
@@ -265,6 +267,23 @@ def test_insert_refuses_a_slot_listed_twice(slots: list[int]) -> None:
     with pytest.raises(ArgumentError, match="indices"):
         manager.insert_prefix(list(range(len(slots))), slots)
     assert manager.num_nodes == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 6)), min_size=1, max_size=8))
+@settings(REPRODUCIBLE, max_examples=200)
+def test_insert_takes_slots_exactly_when_none_repeats(runs: list[tuple[int, int]]) -> None:
+    # Ascending runs of slots in any order, overlapping or not: what a pool hands out after evictions, or a bug.
+    slots = [first + i for first, length in runs for i in range(length)]
+    manager = RadixCacheManager()
+    if len(set(slots)) == len(slots):
+        assert manager.insert_prefix(list(range(len(slots))), slots) == 0
+        assert sorted(tree_slots(manager)) == sorted(slots)
+        manager.check_integrity()
+    else:
+        with pytest.raises(ArgumentError, match="twice"):
+            manager.insert_prefix(list(range(len(slots))), slots)
+        assert manager.num_nodes == 0 and manager.size_info == SizeInfo(0, 0)
+        manager.check_integrity()
 
 
 def test_insert_accepts_distinct_slots_in_any_order() -> None:

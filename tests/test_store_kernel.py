@@ -12,8 +12,10 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
-from helpers import assert_bitwise_equal
+from helpers import REPRODUCIBLE, assert_bitwise_equal
 
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
 from minikv.kernels import store as store_module
@@ -254,3 +256,15 @@ def test_runs_split_at_every_break() -> None:
     assert starts.tolist() == [0, 3, 5] and lengths.tolist() == [3, 2, 1]
     starts, lengths = store_module._runs(np.array([], dtype=np.int32))
     assert starts.tolist() == [] and lengths.tolist() == []
+
+
+runs_of_slots = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 6)), max_size=8).map(
+    lambda runs: [first + i for first, length in runs for i in range(length)]
+)
+
+
+@given(runs_of_slots, st.sampled_from([torch.int32, torch.int64]))
+@settings(REPRODUCIBLE, max_examples=300)
+def test_all_distinct_agrees_with_a_set(slots: list[int], dtype: torch.dtype) -> None:
+    # Slots made of short ascending runs, overlapping or not, in any order: the shapes the run check reasons about.
+    assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) == (len(set(slots)) == len(slots))
