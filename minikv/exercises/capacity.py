@@ -29,20 +29,10 @@ _SHAPES = [
 
 @exercise("capacity.kv_bytes_per_token", "bytes of K and V for one token, all layers", forbid=((_capacity, "kv_bytes_per_token"),))
 def _kv_bytes_cases() -> list[Case]:
-    def make(desc: str, layers: int, heads: int, dim: int, dtype: torch.dtype) -> Case:
-        def run(fn: _F) -> None:
-            got = expect_int("the result", call(fn, layers, heads, dim, dtype))
-            expected = _capacity.kv_bytes_per_token(layers, heads, dim, dtype)
-            if got != expected:
-                raise Mismatch(
-                    f"kv_bytes_per_token({layers}, {heads}, {dim}, {dtype}) is wrong{_ratio_hint(expected, got)}",
-                    f"{expected:,} bytes",
-                    f"{got:,} bytes",
-                )
-
-        return Case(desc, layers * heads * dim, run)
-
-    return [make(*shape) for shape in _SHAPES]
+    return [
+        _bytes_case(desc, layers * heads * dim, _capacity.kv_bytes_per_token, layers, heads, dim, dtype)
+        for desc, layers, heads, dim, dtype in _SHAPES
+    ]
 
 
 @exercise("capacity.mla_bytes_per_token", "bytes per token under multi-head latent attention", forbid=((_capacity, "mla_bytes_per_token"),))
@@ -54,20 +44,27 @@ def _mla_cases() -> list[Case]:
         ("7 layers, rank 96, RoPE part 24, float16", 7, 96, 24, torch.float16),
     ]
 
-    def make(desc: str, layers: int, rank: int, rope: int, dtype: torch.dtype) -> Case:
-        def run(fn: _F) -> None:
-            got = expect_int("the result", call(fn, layers, rank, rope, dtype))
-            expected = _capacity.mla_bytes_per_token(layers, rank, rope, dtype)
-            if got != expected:
-                raise Mismatch(
-                    f"mla_bytes_per_token({layers}, {rank}, {rope}, {dtype}) is wrong{_ratio_hint(expected, got)}",
-                    f"{expected:,} bytes",
-                    f"{got:,} bytes",
-                )
 
-        return Case(desc, layers * (rank + rope), run)
+    return [
+        _bytes_case(desc, layers * (rank + rope), _capacity.mla_bytes_per_token, layers, rank, rope, dtype)
+        for desc, layers, rank, rope, dtype in shapes
+    ]
 
-    return [make(*shape) for shape in shapes]
+
+def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: object) -> Case:
+    """The learner's function, called with ``args``, must return what ``reference`` returns, in bytes."""
+
+    def run(fn: _F) -> None:
+        got = expect_int("the result", call(fn, *args))
+        expected = reference(*args)
+        if got != expected:
+            raise Mismatch(
+                f"{reference.__name__}({', '.join(map(str, args))}) is wrong{_ratio_hint(expected, got)}",
+                f"{expected:,} bytes",
+                f"{got:,} bytes",
+            )
+
+    return Case(desc, weight, run)
 
 
 @exercise("capacity.tokens_that_fit", "whole tokens whose KV fits in a memory budget", forbid=((_capacity, "tokens_that_fit"),))

@@ -61,6 +61,17 @@ def _match_len_cases() -> list[Case]:
     return [make(*p) for p in pairs]
 
 
+def _expect_refusal(
+    tree: RadixCacheManager, wanted: type[BaseException], why: str, fn: Callable[..., object], *args: object, **kwargs: object
+) -> None:
+    """The learner's ``fn(*args, **kwargs)`` must raise ``wanted`` and leave ``tree`` exactly as it was."""
+    before = _trees.snapshot(tree)
+    _, error = raised(fn, *args, **kwargs)
+    if not isinstance(error, wanted):
+        raise Mismatch(why, wanted.__name__, outcome(error, returned="returned normally"))
+    _trees.compare(before, _trees.snapshot(tree))
+
+
 def _short(ids: list[int]) -> str:
     return str(ids) if len(ids) <= 8 else f"[{ids[0]}, {ids[1]}, … {len(ids)} tokens …, {ids[-1]}]"
 
@@ -77,15 +88,11 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
             node, ref_node = _trees.find_node(mine, path), _trees.find_node(ref, path)
             parent_path = _trees.path_of(node.parent)
             if not 0 < pos < node.length:
-                before = _trees.snapshot(mine)
-                _, error = raised(fn, node, pos) if ps == 1 else raised(fn, node, pos, ps)
-                if not isinstance(error, ValueError):
-                    raise Mismatch(
-                        f"split_at(node {list(node.key.tolist())}, {pos}) cannot make two non-empty halves: raise ValueError.",
-                        "ValueError",
-                        outcome(error, returned="returned normally"),
-                    )
-                _trees.compare(before, _trees.snapshot(mine))
+                _expect_refusal(
+                    mine, ValueError,
+                    f"split_at(node {list(node.key.tolist())}, {pos}) cannot make two non-empty halves: raise ValueError.",
+                    fn, node, pos, *(() if ps == 1 else (ps,)),
+                )  # fmt: skip
                 continue
             upper = call(fn, node, pos) if ps == 1 else call(fn, node, pos, ps)
             ref_node._split_at(pos, ps)
@@ -275,15 +282,11 @@ def _lock_case(desc: str, tree: Recipe, steps: list[tuple[str, tuple[int, ...]]]
             else:
                 handle = mine.match_prefix(list(ids))[0]
                 ref.match_prefix(list(ids))
-                before = _trees.snapshot(mine)
-                _, error = raised(fn, mine, handle, unlock=True)
-                if not isinstance(error, LockError):
-                    raise Mismatch(
-                        f"unlocking the match of {list(ids)}, which nobody locked, must raise LockError and change nothing.",
-                        "LockError",
-                        outcome(error, returned="returned normally"),
-                    )
-                _trees.compare(before, _trees.snapshot(mine))
+                _expect_refusal(
+                    mine, LockError,
+                    f"unlocking the match of {list(ids)}, which nobody locked, must raise LockError and change nothing.",
+                    fn, mine, handle, unlock=True,
+                )  # fmt: skip
                 continue
             problem = _trees.first_difference(_trees.snapshot(ref), _trees.snapshot(mine))
             if problem is not None:
@@ -346,17 +349,9 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
         for size in sizes:
             what = f"evict({size})"
             if size < 0 or size > ref.size_info.evictable_size:
-                before = _trees.snapshot(mine)
                 wanted = ValueError if size < 0 else EvictionError
-                _, error = raised(fn, mine, size)
-                if not isinstance(error, wanted):
-                    reason = "a negative size is a mistake" if size < 0 else f"only {before.evictable_size} slots are evictable"
-                    raise Mismatch(
-                        f"{what}: {reason}, so raise {wanted.__name__} before changing anything.",
-                        wanted.__name__,
-                        outcome(error, returned="returned normally"),
-                    )
-                _trees.compare(before, _trees.snapshot(mine))
+                reason = "a negative size is a mistake" if size < 0 else f"only {mine.size_info.evictable_size} slots are evictable"
+                _expect_refusal(mine, wanted, f"{what}: {reason}, so raise {wanted.__name__} before changing anything.", fn, mine, size)
                 continue
             expected = ref.evict(size)
             got = call(fn, mine, size)
