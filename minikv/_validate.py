@@ -73,20 +73,19 @@ def as_slot_array(value: torch.Tensor | Sequence[int], device: torch.device, nam
         if value.device != device:
             raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
         array = value.numpy() if value.is_cpu else value.cpu().numpy()
-        if array.dtype != _INT32 and array.size:
-            # Checked before the cast, which would wrap a slot past int32 (or below it) round to a valid-looking one.
-            if np.minimum.reduce(array) < 0:
-                raise ArgumentError(f"{name} must not contain negative slot indices")
-            if np.maximum.reduce(array) > _INT32_MAX:
-                raise ArgumentError(f"{name}: slot {int(np.maximum.reduce(array))} does not fit in int32")
-            array = array.astype(np.int32)
     elif isinstance(value, (list, tuple)):
         array = _ints_as_array(value, np.int32, name, "a slot index")
     else:
         raise ArgumentTypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {type(value).__name__}")
-    # (np.minimum.reduce, not .min(): the method's Python wrapper costs as much as the scan; this runs on every insert.)
+    # Both ends are checked in the caller's dtype, before any cast to int32 could wrap a bad slot
+    # round to a valid-looking one. (np.minimum.reduce, not .min(): the method's Python wrapper
+    # costs as much as the scan; this runs on every insert.)
     if array.size and np.minimum.reduce(array) < 0:
         raise ArgumentError(f"{name} must not contain negative slot indices")
+    if array.dtype != _INT32:
+        if array.size and np.maximum.reduce(array) > _INT32_MAX:
+            raise ArgumentError(f"{name}: slot {int(np.maximum.reduce(array))} does not fit in int32")
+        array = array.astype(np.int32)
     return array
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import canonical_device, as_count, as_positive, as_slot_array, as_token_ids
+from ._validate import _INT64, as_count, as_positive, as_slot_array, as_token_ids, canonical_device
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import (
     ArgumentError,
@@ -41,8 +41,7 @@ ChildKey = int | tuple[int, ...]
 
 _node_ids = itertools.count()
 # Shared by every node before set_key_value (and by the root forever): never written to.
-_EMPTY_KEY = np.empty(0, dtype=np.int64)
-_INT64 = _EMPTY_KEY.dtype
+_EMPTY_KEY = np.empty(0, dtype=_INT64)
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int32)
 
 
