@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from _common import table, write_results
+
 from minikv import RadixCacheManager, RadixTreeNode
 
 PREFIXES = 16
@@ -154,7 +154,11 @@ def main() -> None:
     )
     path = write_results(
         "evict_scaling",
-        {"tree": {"prefixes": PREFIXES, "prefix_len": PREFIX_LEN, "leaf_len": LEAF_LEN}, "rows": rows, "growth": growth},
+        {
+            "tree": {"prefixes": PREFIXES, "prefix_len": PREFIX_LEN, "leaf_len": LEAF_LEN},
+            "rows": rows,
+            "growth": growth,
+        },
     )
     print(f"wrote {path}")
 

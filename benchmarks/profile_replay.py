@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import minikv
 from _common import table, write_results
+from replay import pool_pages, workloads
+
+import minikv
 from minikv import PagePool, RadixCacheManager, _validate, lifecycle, page_pool, radix_manager
 from minikv.lifecycle import admit, finish
-from replay import pool_pages, workloads
 
 PACKAGE = str(Path(minikv.__file__).parent)
 WORKLOADS = ("shared_system_prompt", "multi_turn_chat", "few_shot")

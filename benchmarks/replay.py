@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from _common import table, write_results
+
 from minikv import NaiveCacheManager, PagePool, RadixCacheManager
 from minikv.base import BaseCacheManager
 from minikv.lifecycle import admit, finish
@@ -125,7 +125,9 @@ def check_accounting(manager: BaseCacheManager, pool: PagePool) -> None:
     assert pool.num_free_slots + held == pool.num_slots, (pool.num_free_slots, held, pool.num_slots)
 
 
-def timed_replays(variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int) -> tuple[list[float], list[int], int]:
+def timed_replays(
+    variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int
+) -> tuple[list[float], list[int], int]:
     """Seconds per replay (after one warm-up replay), the hits and the evicted slot count of the last one."""
     samples: list[float] = []
     hits: list[int] = []
@@ -256,7 +258,10 @@ def main() -> None:
             row["target_us"] = target
             row["meets_target"] = (split["manager_total"] <= target) if target else None
             rows.append(row)
-            print(f"  {name:22s} {variant.label:16s} {us:8.1f} µs/request, {split['manager_total']:5.1f} in the manager", flush=True)
+            print(
+                f"  {name:22s} {variant.label:16s} {us:8.1f} µs/request, {split['manager_total']:5.1f} in the manager",
+                flush=True,
+            )
 
     columns = ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive", "manager_us", "target_us",
                "hit_rate", "optimal_hit_rate", "hit_vs_optimal", "evicted_slots"]  # fmt: skip
@@ -267,7 +272,7 @@ def main() -> None:
     split_columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",
                      "manager.insert_prefix", "manager.evict", "pool_total", "lifecycle_glue", "instrumented_total"]  # fmt: skip
     print("\nWhere the time goes (µs per request, instrumented pass; each timed call adds ~0.1-0.3 µs):")
-    print(table(splits, split_columns, {c: ".1f" for c in split_columns[2:]}))
+    print(table(splits, split_columns, dict.fromkeys(split_columns[2:], ".1f")))
     path = write_results(
         "replay",
         {

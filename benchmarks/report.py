@@ -41,7 +41,7 @@ def replay_section(doc: dict[str, Any]) -> list[str]:
     out += ["", "Where the time goes (µs per request, instrumented passes, each figure the minimum of five):", ""]
     columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",
                "manager.insert_prefix", "manager.evict", "pool_total", "lifecycle_glue", "instrumented_total"]  # fmt: skip
-    out.append(table(doc["breakdown_us"], columns, {c: ".1f" for c in columns[2:]}))
+    out.append(table(doc["breakdown_us"], columns, dict.fromkeys(columns[2:], ".1f")))
     return out
 
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from _common import table, write_results
+
 from minikv import INTERPRETED, store_cache
 from minikv.kernels import store as store_module
 
@@ -104,7 +104,9 @@ def variants(device: torch.device, num_tokens: int) -> dict[str, Callable[[dict[
     def index_copy_wide(t: dict[str, torch.Tensor]) -> None:
         rows = t["k_cache"].shape[0]
         for cache, src in ((t["k_cache"], t["k"]), (t["v_cache"], t["v"])):
-            cache.view(rows, -1).view(torch.float64).index_copy_(0, t["idx64"], src.reshape(num_tokens, -1).view(torch.float64))
+            cache.view(rows, -1).view(torch.float64).index_copy_(
+                0, t["idx64"], src.reshape(num_tokens, -1).view(torch.float64)
+            )
 
     def numpy_rows(t: dict[str, torch.Tensor]) -> None:
         row = np.dtype((np.void, HEADS * HEAD_DIM * 2))
@@ -179,7 +181,10 @@ def run(device: torch.device, quick: bool = False) -> list[dict[str, Any]]:
                 "vs_memcpy_min": memcpy_min / min(samples) if writes else None,
                 "share_of_memcpy_time": seconds / memcpy_s,
             })  # fmt: skip
-            print(f"  {str(device):5s} {layout:6s} {n:>7} tokens  {rows[-1]['variant']:32s} {seconds * 1e6:12.1f} µs", flush=True)
+            print(
+                f"  {device!s:5s} {layout:6s} {n:>7} tokens  {rows[-1]['variant']:32s} {seconds * 1e6:12.1f} µs",
+                flush=True,
+            )
     return rows
 
 
@@ -200,7 +205,11 @@ def main() -> None:
     print(table(rows, ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
                 {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}))  # fmt: skip
     name = "store" if device.type == "cpu" else "store_cuda"
-    extra = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE)}, "interpreted_triton": INTERPRETED, "quick": args.quick}
+    extra = {
+        "shape": {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE)},
+        "interpreted_triton": INTERPRETED,
+        "quick": args.quick,
+    }
     print(f"\nwrote {write_results(name, {**extra, 'rows': rows})}")
 
 

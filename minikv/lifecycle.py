@@ -92,7 +92,9 @@ _WORDING: dict[int, Callable[..., tuple[str, str]]] = {
     2: lambda cached: ("lock_handle", f"protected {cached} cached tokens"),
     3: lambda new, evicted: ("allocate", f"{new} new slots" + (f", after evicting {evicted}" if evicted else "")),
     6: lambda tokens, layers: (
-        ("store_kv", f"{tokens} tokens x {layers} layers") if tokens else ("store_kv", "nothing to store: every token was cached")
+        ("store_kv", f"{tokens} tokens x {layers} layers")
+        if tokens
+        else ("store_kv", "nothing to store: every token was cached")
     ),
     4: lambda already: ("insert_prefix", f"{already} tokens were already cached"),
     5: _freed,

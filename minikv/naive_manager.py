@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import canonical_device, as_count, as_slot_array, as_token_ids
+from ._validate import as_count, as_slot_array, as_token_ids, canonical_device
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from .errors import ArgumentError, ArgumentTypeError, EvictionUnsupportedError
 

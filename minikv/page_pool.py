@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._validate import canonical_device, as_count, as_positive
+from ._validate import as_count, as_positive, canonical_device
 from .base import BaseCacheManager
 from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError, SlotIndexError
 

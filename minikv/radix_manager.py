@@ -54,7 +54,7 @@ class RadixTreeNode:
     last use, for LRU eviction.
     """
 
-    __slots__ = ("children", "_parent", "ref_count", "uid", "timestamp", "_key", "_value", "_length")
+    __slots__ = ("_key", "_length", "_parent", "_value", "children", "ref_count", "timestamp", "uid")
 
     def __init__(self, timestamp: int = 0) -> None:
         self.children: dict[ChildKey, RadixTreeNode] = {}
@@ -320,7 +320,9 @@ class RadixCacheManager(BaseCacheManager):
             evicted_size += node._length
             evicted.append(node._value)
             if parent is not self.root_node and not parent.children and parent.ref_count == 0:
-                heapq.heappush(heap, (parent.timestamp, parent.uid, parent))  # evict never grows the heap: no compaction
+                heapq.heappush(
+                    heap, (parent.timestamp, parent.uid, parent)
+                )  # evict never grows the heap: no compaction
         return torch.cat(evicted)
 
     def reset(self) -> torch.Tensor:
@@ -391,20 +393,26 @@ class RadixCacheManager(BaseCacheManager):
                 "key/value length", f"length {node.length}, key {len(node._key)}, value {len(node._value)}", node
             )
         if child_key(node._key, ps) != key:
-            raise IntegrityError("child key", f"filed under {key!r}, but its key starts {child_key(node._key, ps)!r}", node)
+            raise IntegrityError(
+                "child key", f"filed under {key!r}, but its key starts {child_key(node._key, ps)!r}", node
+            )
         if node.ref_count < 0:
             raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
         if parent is not self.root_node and node.ref_count > parent.ref_count:
             raise IntegrityError("lock covers path", f"ref_count {node.ref_count} > parent's {parent.ref_count}", node)
         if parent is not self.root_node and node.timestamp > parent.timestamp:
-            raise IntegrityError("LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node)
+            raise IntegrityError(
+                "LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node
+            )
         if node._value.dtype != torch.int32 or node._value.device != self.device:
             raise IntegrityError("value tensor", f"value must be int32 on {self.device}", node)
         if bool((node._value < 0).any()):
             raise IntegrityError("slot range", "negative slot index", node)
         if ps > 1:
             if node.length % ps:
-                raise IntegrityError("page alignment", f"length {node.length} is not a multiple of page_size {ps}", node)
+                raise IntegrityError(
+                    "page alignment", f"length {node.length} is not a multiple of page_size {ps}", node
+                )
             pages = node._value.view(-1, ps).long()
             offsets = torch.arange(ps, device=self.device)
             if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
@@ -431,7 +439,9 @@ class RadixCacheManager(BaseCacheManager):
             firsts = slots[::ps]
             whole_pages = (firsts[:, None] + self._page_offsets).reshape(-1)
             if np.count_nonzero(firsts % ps) or whole_pages.tobytes() != slots.tobytes():
-                raise ArgumentError(f"indices: with page_size {ps}, each page of tokens must get one whole page of slots")
+                raise ArgumentError(
+                    f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
+                )
         value = torch.from_numpy(slots.copy())
         return value if self._on_cpu else value.to(self.device)
 

@@ -33,6 +33,7 @@ import numpy as np
 from ._validate import as_count, as_positive, as_token_ids
 from .errors import ArgumentError, ArgumentTypeError
 
+
 def shared_system_prompt(
     num_requests: int,
     num_prompts: int = 4,

@@ -187,7 +187,9 @@ def out_of_date(name: str) -> list[str]:
         if _cell_signature(old) != _cell_signature(new):
             problems.append(f"cell {i} differs from what the solution makes")
             break
-    unrun = [i for i, cell in enumerate(stored.cells) if cell.cell_type == "code" and cell.get("execution_count") is None]
+    unrun = [
+        i for i, cell in enumerate(stored.cells) if cell.cell_type == "code" and cell.get("execution_count") is None
+    ]
     if unrun:
         problems.append(f"code cells {unrun} were never executed (their outputs are not stored)")
     return problems

@@ -10,7 +10,7 @@ import pytest
 # ``import helpers`` must work whatever import mode or working directory pytest runs with.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from minikv import RadixCacheManager  # noqa: E402
+from minikv import RadixCacheManager
 
 
 @pytest.fixture

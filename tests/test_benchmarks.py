@@ -23,7 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 def run_benchmark(script: str, args: list[str], results: Path) -> dict:
     env = {**os.environ, "MINIKV_BENCH_RESULTS": str(results), "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [sys.executable, f"benchmarks/{script}.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, f"benchmarks/{script}.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     written = sorted(p.name for p in results.iterdir())

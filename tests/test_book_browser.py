@@ -30,7 +30,9 @@ CHROMIUM_FLAGS = [
 # "/home/user/doc1.txt" in chapter 5, are fine).
 MACHINE_PATHS = re.compile(r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python)")
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/setup.sh --browser)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/setup.sh --browser)"
+)
 
 
 def toc_pages() -> list[str]:

@@ -53,7 +53,10 @@ def test_the_solutions_are_the_notebooks_of_the_table_of_contents() -> None:
 
 def test_learner_notebooks_are_up_to_date() -> None:
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_exercises.py"), "--check"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, str(REPO / "scripts" / "make_exercises.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -73,7 +76,9 @@ def test_stubs_replace_exactly_the_marked_lines() -> None:
     stub, stubbed = make_exercises.strip_solutions(source)
     assert stubbed
     assert stub == "def f(x):\n    y = 1\n    # YOUR CODE HERE\n    raise NotImplementedError\n\n\ncheck('a.b', f)"
-    kernel, _ = make_exercises.strip_solutions("@jit\ndef k():\n    ### BEGIN SOLUTION pass\n    tl.store(p, 1)\n    ### END SOLUTION")
+    kernel, _ = make_exercises.strip_solutions(
+        "@jit\ndef k():\n    ### BEGIN SOLUTION pass\n    tl.store(p, 1)\n    ### END SOLUTION"
+    )
     assert kernel == "@jit\ndef k():\n    # YOUR CODE HERE\n    pass"
     with pytest.raises(SystemExit):
         make_exercises.strip_solutions("### BEGIN SOLUTION\nx = 1")
@@ -129,10 +134,20 @@ def test_learner_notebook_layout(name: str) -> None:
     title = nb.cells[1]
     assert title.cell_type == "markdown"
     assert re.match(r"# Exercises \d: \S", title.source)
-    assert sum(line.startswith("# ") for cell in nb.cells if cell.cell_type == "markdown" for line in cell.source.splitlines()) == 1
+    assert (
+        sum(
+            line.startswith("# ")
+            for cell in nb.cells
+            if cell.cell_type == "markdown"
+            for line in cell.source.splitlines()
+        )
+        == 1
+    )
     badge = f"https://colab.research.google.com/github/minikv-course/minikv/blob/main/exercises/{name}.ipynb"
     assert f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({badge})" in title.source
-    setup = next(cell for cell in nb.cells if cell.cell_type == "code" and "from minikv.exercises import check" in cell.source)
+    setup = next(
+        cell for cell in nb.cells if cell.cell_type == "code" and "from minikv.exercises import check" in cell.source
+    )
     assert setup.source.index("import minikv") < setup.source.index("from minikv.exercises")
     assert "GPU:" in setup.source and "torch.cuda.is_available()" in setup.source
 
@@ -148,10 +163,14 @@ def test_each_task_has_a_heading_a_stub_a_check_and_hints(name: str) -> None:
         exercise_id = call["id"]
         task = next(c for c in reversed(cells[:i]) if c.cell_type == "markdown" and c.source.startswith("## "))
         assert f"`{exercise_id}`" in task.source.splitlines()[0], f"the heading before the check of {exercise_id}"
-        assert "```{admonition} Hint" in task.source and ":class: dropdown" in task.source, f"{exercise_id} has no hint dropdown"
+        assert "```{admonition} Hint" in task.source and ":class: dropdown" in task.source, (
+            f"{exercise_id} has no hint dropdown"
+        )
         assert "# YOUR CODE HERE" in cell.source and "BEGIN SOLUTION" not in cell.source
         assert "raises-exception" in cell.metadata.get("tags", [])
-        assert cell.source.rstrip().endswith(call.group(0)), "the check must be the cell's last line, so its report shows"
+        assert cell.source.rstrip().endswith(call.group(0)), (
+            "the check must be the cell's last line, so its report shows"
+        )
         report = _output_text(cell)
         assert f"✗ {exercise_id}: not written yet" in report, report
         assert "Traceback" not in report

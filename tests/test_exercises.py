@@ -14,13 +14,13 @@ import runpy
 from collections.abc import Callable
 from pathlib import Path
 
-import minikv  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a CPU machine before the kernels below are decorated)
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
 
+import minikv
 import minikv.exercises as exercises
 from minikv import NaiveCacheHandle, RadixTreeNode
 from minikv.errors import EvictionError, IntegrityError, LockError, OutOfSlotsError
@@ -174,7 +174,12 @@ def admit_locks_twice(manager, pool, input_ids):
     return handle, indices
 
 
-WRONG["lifecycle.admit"] = [admit_without_lock, admit_locks_after_allocating, admit_keeps_lock_on_failure, admit_locks_twice]
+WRONG["lifecycle.admit"] = [
+    admit_without_lock,
+    admit_locks_after_allocating,
+    admit_keeps_lock_on_failure,
+    admit_locks_twice,
+]
 
 
 def _finish_freeing(choose: Callable, unlock: bool = True) -> Callable:
@@ -197,7 +202,9 @@ WRONG["lifecycle.finish"] = [
 ]
 
 
-def _serve_with(admit: Callable, finish: Callable, start: Callable[[int], int] = lambda cached: cached, slots=None) -> Callable:
+def _serve_with(
+    admit: Callable, finish: Callable, start: Callable[[int], int] = lambda cached: cached, slots=None
+) -> Callable:
     def serve(manager, pool, input_ids, kv_cache, kv_fn):
         handle, indices = admit(manager, pool, input_ids)
         own = indices[handle.cached_len :] if slots is None else slots(indices, handle.cached_len)
@@ -359,7 +366,13 @@ def _buggy_store_kernel(
         tl.store(v_cache_ptr + dst, v_rows, mask=mask)
 
 
-def _triton_store(bug: int = 0, contiguous_strides: bool = False, drop_last_block: bool = False, contiguous_indices: bool = True, validate: bool = True) -> Callable:
+def _triton_store(
+    bug: int = 0,
+    contiguous_strides: bool = False,
+    drop_last_block: bool = False,
+    contiguous_indices: bool = True,
+    validate: bool = True,
+) -> Callable:
     def store(k_cache, v_cache, indices, k, v):
         pages, page_size, heads, dim = k_cache.shape
         n = len(indices)
@@ -414,13 +427,17 @@ WRONG["naive.manager"] = [
     _naive_variant("FloatEmptyTensor", match_prefix=lambda self, ids: (NaiveCacheHandle(0), torch.tensor([]))),
     _naive_variant("EvictPretends", evict=lambda self, size: self.empty_tensor),
     _naive_variant("InsertTrustsLengths", insert_prefix=lambda self, ids, indices: len(indices)),
-    _naive_variant("InsertReturnsTokensCount", insert_prefix=lambda self, ids, indices: len(ids) - 1 if len(ids) else 0),
+    _naive_variant(
+        "InsertReturnsTokensCount", insert_prefix=lambda self, ids, indices: len(ids) - 1 if len(ids) else 0
+    ),
 ]
 
 
 @wrong("blocks.block_hashes")
 def hashes_unchained(token_ids, block_size):
-    return [S["compute_hash"](token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
+    return [
+        S["compute_hash"](token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)
+    ]
 
 
 @wrong("blocks.block_hashes")
@@ -467,7 +484,9 @@ def deallocate_frees_shared_blocks(pool, block_table):
         pool.free_block_ids.append(block_id)
 
 
-def _allocate_variant(*, last_block: bool = False, guard: bool = True, stale: bool = True, cost: bool = True, take_back: bool = True) -> Callable:
+def _allocate_variant(
+    *, last_block: bool = False, guard: bool = True, stale: bool = True, cost: bool = True, take_back: bool = True
+) -> Callable:
     """The solution's allocate with one rule switched off."""
 
     def allocate(pool, token_ids):
@@ -477,7 +496,9 @@ def _allocate_variant(*, last_block: bool = False, guard: bool = True, stale: bo
         hits = []
         for i in range(min(len(hashes), num_blocks if last_block else num_blocks - 1)):
             block_id = pool.hash_to_block.get(hashes[i])
-            if block_id is None or (guard and pool.blocks[block_id].token_ids != tuple(token_ids[i * size : (i + 1) * size])):
+            if block_id is None or (
+                guard and pool.blocks[block_id].token_ids != tuple(token_ids[i * size : (i + 1) * size])
+            ):
                 break
             hits.append(block_id)
         in_use = sum(1 for b in hits if pool.blocks[b].ref_count > 0)
@@ -541,7 +562,9 @@ def match_len_unbounded(key, input_ids):
     return i
 
 
-def _split_variant(*, copy_ref: bool = True, link_lower: bool = True, keep_lower: bool = True, copy_time: bool = True) -> Callable:
+def _split_variant(
+    *, copy_ref: bool = True, link_lower: bool = True, keep_lower: bool = True, copy_time: bool = True
+) -> Callable:
     def split_at(node, pos, page_size=1):
         if not 0 < pos < node.length:
             raise ValueError("pos")
@@ -618,10 +641,17 @@ def test_the_walk_variant_without_changes_passes() -> None:
     assert check("radix.walk", _walk_variant()).passed
 
 
-WRONG["radix.walk"] = [_walk_variant(split=False), _walk_variant(stamp_lower=True), _walk_variant(align=False), _walk_variant(stamp=False)]
+WRONG["radix.walk"] = [
+    _walk_variant(split=False),
+    _walk_variant(stamp_lower=True),
+    _walk_variant(align=False),
+    _walk_variant(stamp=False),
+]
 
 
-def _lock_variant(*, skip_own: bool = False, touch_root: bool = False, every_change: bool = False, check_unlock: bool = True) -> Callable:
+def _lock_variant(
+    *, skip_own: bool = False, touch_root: bool = False, every_change: bool = False, check_unlock: bool = True
+) -> Callable:
     def lock_handle(manager, handle, unlock=False):
         path, node = [], handle.node
         if node is manager.root_node and not touch_root:
@@ -657,7 +687,9 @@ WRONG["radix.lock_handle"] = [
 ]
 
 
-def _evict_variant(*, respect_locks: bool = True, lru: bool = True, parents: bool = True, count: bool = True, empty_dtype=torch.int32) -> Callable:
+def _evict_variant(
+    *, respect_locks: bool = True, lru: bool = True, parents: bool = True, count: bool = True, empty_dtype=torch.int32
+) -> Callable:
     def evict(manager, size):
         if size < 0:
             raise ValueError("size")
@@ -702,7 +734,9 @@ WRONG["radix.evict"] = [
 ]
 
 
-def _insert_variant(*, align: bool = True, clone: bool = True, count: bool = True, page_key: bool = True, returns_prefix: bool = True) -> Callable:
+def _insert_variant(
+    *, align: bool = True, clone: bool = True, count: bool = True, page_key: bool = True, returns_prefix: bool = True
+) -> Callable:
     def page_aligned_insert(manager, input_ids, indices):
         ps = manager.page_size
         aligned = len(input_ids) - len(input_ids) % ps if align else len(input_ids)
@@ -710,7 +744,9 @@ def _insert_variant(*, align: bool = True, clone: bool = True, count: bool = Tru
         if prefix_len < aligned:
             leaf = RadixTreeNode(manager._clock)
             value = indices[prefix_len:aligned]
-            leaf.set_key_value(torch.from_numpy(input_ids[prefix_len:aligned].copy()), value.clone() if clone else value)
+            leaf.set_key_value(
+                torch.from_numpy(input_ids[prefix_len:aligned].copy()), value.clone() if clone else value
+            )
             leaf.set_parent(node, ps if page_key else 1)
             if count:
                 manager.evictable_size += leaf.length
@@ -763,7 +799,9 @@ def _integrity_skipping(*rules: str) -> Callable:
                     if node.length % ps:
                         raise IntegrityError("page alignment", "")
                     pages = node.value.view(-1, ps).long()
-                    if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], torch.arange(ps).expand_as(pages)):
+                    if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(
+                        pages - pages[:, :1], torch.arange(ps).expand_as(pages)
+                    ):
                         raise IntegrityError("page alignment", "")
                 if "slots" not in rules:
                     for slot in node.value.tolist():

@@ -59,7 +59,7 @@ def served_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

@@ -200,7 +200,7 @@ class RadixLifecycleMachine(RuleBasedStateMachine):
         # Will the pool cope? Free pages first, then pages nobody locks once this match is locked.
         needed = -(-(len(ids) - matched) // ps)
         shortfall = max(needed - self.pool.num_free_pages, 0) * ps
-        locked = self.ref.locks(self.running) | {k: 1 for k in self.ref.page_keys(ids[:matched])}
+        locked = self.ref.locks(self.running) | dict.fromkeys(self.ref.page_keys(ids[:matched]), 1)
         evictable = sum(1 for key in self.ref.slots if key not in locked) * ps
         evicted_before = self.pool.num_evicted_slots
         if shortfall > evictable:

@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from helpers import REPRODUCIBLE, manager_snapshot, nodes_with_prefix, tree_entries, tree_slots
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import REPRODUCIBLE, manager_snapshot, nodes_with_prefix, tree_entries, tree_slots
 
 from minikv import RadixCacheHandle, RadixCacheManager, RadixTreeNode, SizeInfo
 from minikv.errors import ArgumentError, EvictionError, LockError, StaleHandleError

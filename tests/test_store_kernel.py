@@ -12,14 +12,14 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch
 from helpers import REPRODUCIBLE, assert_bitwise_equal
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
-from minikv.kernels import store as store_module
 from minikv.errors import ArgumentError, SlotIndexError
+from minikv.kernels import store as store_module
 
 BACKENDS = ["torch", "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

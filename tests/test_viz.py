@@ -16,9 +16,9 @@ import torch
 
 matplotlib.use("Agg")
 
-from minikv import NaiveCacheManager, PagePool, RadixCacheManager, admit, finish  # noqa: E402
-from minikv.errors import ArgumentError, ArgumentTypeError, EvictionError, MiniKVError  # noqa: E402
-from minikv.viz import (  # noqa: E402
+from minikv import NaiveCacheManager, PagePool, RadixCacheManager, admit, finish
+from minikv.errors import ArgumentError, ArgumentTypeError, EvictionError, MiniKVError
+from minikv.viz import (
     Frame,
     FramePlayer,
     GraphvizMissingError,
@@ -157,7 +157,7 @@ def test_split_frame_styles(scenario: TreeRecorder) -> None:
     assert "<B>there</B>" in there["label"] and ">3</FONT>" in there["label"]
     root = attrs(dot, "root")
     assert root["class"] == "root" and root["shape"] == "oval"
-    assert f"color=\"{split_colour}\"" in edge_line(dot, node_id(P_HELLO), node_id(P_HW))
+    assert f'color="{split_colour}"' in edge_line(dot, node_id(P_HELLO), node_id(P_HW))
     assert "the two halves of a split" in dot and "just evicted (ghost)" in dot  # the legend
 
 

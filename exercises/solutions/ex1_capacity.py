@@ -18,7 +18,6 @@
 # %%
 import torch
 
-import minikv  # first: on a machine without a GPU this switches Triton to its interpreter
 from minikv.exercises import check
 
 print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none, everything runs on the CPU")
@@ -45,6 +44,7 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 # `torch.empty((), dtype=dtype).element_size()` is 4 for `torch.float32` and 2 for
 # `torch.float16` and `torch.bfloat16`.
 # ```
+
 
 # %%
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -73,6 +73,7 @@ check("capacity.kv_bytes_per_token", kv_bytes_per_token)
 # Llama-3-8B: MLA stores a 61-layer model's token in about half the bytes.
 # ```
 
+
 # %%
 def mla_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype) -> int:
     ### BEGIN SOLUTION
@@ -98,6 +99,7 @@ check("capacity.mla_bytes_per_token", mla_bytes_per_token)
 # Round down, with integer division. `round()` and `math.ceil()` both promise memory that
 # is not there.
 # ```
+
 
 # %%
 def tokens_that_fit(memory_bytes: int, bytes_per_token: int) -> int:
@@ -136,6 +138,7 @@ check("capacity.tokens_that_fit", tokens_that_fit)
 # not sorted. Sorted prompts work: the total length minus the common prefix of each
 # neighbouring pair is the answer. A set of prefixes works in any order.
 # ```
+
 
 # %%
 def cached_tokens_with_sharing(prompts: list[list[int]]) -> int:

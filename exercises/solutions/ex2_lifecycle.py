@@ -90,6 +90,7 @@ for prompt in ([1, 2, 3, 4], [1, 2, 3, 9, 9]):
 # nothing and inserted nothing). `torch.cat` joins the two pieces.
 # ```
 
+
 # %%
 def slots_to_free(indices: torch.Tensor, cached_len: int, already_cached: int, page_size: int) -> torch.Tensor:
     ### BEGIN SOLUTION
@@ -125,6 +126,7 @@ check("lifecycle.slots_to_free", slots_to_free)
 # `try: ... except Exception: manager.lock_handle(handle, unlock=True); raise`.
 # ```
 
+
 # %%
 def admit(manager, pool, input_ids):
     ### BEGIN SOLUTION
@@ -156,6 +158,7 @@ check("lifecycle.admit", admit)
 # `insert_prefix`, then `pool.free(slots_to_free(...))` with your function from task
 # 2.1, then unlock. The handle's `cached_len` is the request's `cached_len`.
 # ```
+
 
 # %%
 def finish(manager, pool, input_ids, handle, indices) -> int:
@@ -190,6 +193,7 @@ check("lifecycle.finish", finish)
 # When every token was cached there is nothing to store. `store_kv` accepts zero rows,
 # but skipping the loop is clearer.
 # ```
+
 
 # %%
 def serve(manager, pool, input_ids, kv_cache, kv_fn) -> int:

@@ -25,7 +25,10 @@ import minikv  # first: on a machine without a GPU this switches Triton to its i
 from minikv.exercises import check
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: Triton kernels run in its interpreter")
+print(
+    "GPU:",
+    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: Triton kernels run in its interpreter",
+)
 print("Triton interpreter:", minikv.INTERPRETED)
 
 # %% [markdown]
@@ -44,6 +47,7 @@ print("Triton interpreter:", minikv.INTERPRETED)
 # Each rank stores `num_kv_heads // tp_size` heads, and rank `r`'s first head is
 # `r` times that.
 # ```
+
 
 # %%
 def tp_head_range(num_kv_heads: int, tp_rank: int, tp_size: int) -> range:
@@ -85,6 +89,7 @@ check("storage.tp_head_range", tp_head_range)
 # contiguous, which is fine: every kernel in minikv takes strides.
 # ```
 
+
 # %%
 def page_first_view(buffer: torch.Tensor) -> torch.Tensor:
     ### BEGIN SOLUTION
@@ -111,6 +116,7 @@ check("storage.page_first_view", page_first_view)
 # `positions = torch.arange(start, end)`, then
 # `page_table[positions // page_size] * page_size + positions % page_size`.
 # ```
+
 
 # %%
 def slot_mapping(page_table: torch.Tensor, start: int, end: int, page_size: int) -> torch.Tensor:
@@ -145,6 +151,7 @@ check("storage.slot_mapping", slot_mapping)
 # `k_cache[pages, rows] = k`, with `pages = indices // page_size` and
 # `rows = indices % page_size` (as `int64`).
 # ```
+
 
 # %%
 def store_torch(k_cache, v_cache, indices, k, v) -> None:
@@ -212,6 +219,7 @@ check("storage.store_torch", store_torch)
 # `store_kernel[(triton.cdiv(n, BLOCK_T),)](k, v, k_cache, v_cache, indices, n, page_size, heads, head_dim, *k.stride(), *v.stride(), *k_cache.stride(), BLOCK_T=..., BLOCK_H=..., BLOCK_D=...)`.
 # Passing a tensor passes its data pointer. `v_cache` has the same strides as `k_cache`.
 # ```
+
 
 # %%
 @triton.jit

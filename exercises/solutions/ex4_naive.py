@@ -16,7 +16,6 @@
 # %%
 import torch
 
-import minikv  # first: on a machine without a GPU this switches Triton to its interpreter
 from minikv import BaseCacheManager, NaiveCacheHandle, SizeInfo
 from minikv.errors import ArgumentError, EvictionError, OutOfSlotsError
 from minikv.exercises import check
@@ -55,6 +54,7 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 # Create `torch.empty(0, dtype=torch.int32, device=self.device)` once in `__init__` and
 # return it from every method that returns no slots: the right dtype and device, made once.
 # ```
+
 
 # %%
 class NaiveManager(BaseCacheManager):
@@ -145,6 +145,7 @@ check("naive.manager", NaiveManager)
 # in a variable that starts at -1.
 # ```
 
+
 # %%
 def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
     ### BEGIN SOLUTION
@@ -175,6 +176,7 @@ check("blocks.block_hashes", block_hashes)
 # `for block_id in reversed(block_table)`: decrement `ref_count`, and at 0
 # `pool.free_block_ids.append(block_id)`.
 # ```
+
 
 # %%
 def deallocate(pool: BlockPool, block_table: list[int]) -> None:
@@ -232,6 +234,7 @@ check("blocks.deallocate", deallocate)
 # Only delete `hash_to_block[block.hash]` if it maps to *this* block: a newer block with
 # the same tokens may have taken the entry over, and that entry must stay.
 # ```
+
 
 # %%
 def allocate(pool: BlockPool, token_ids: list[int]) -> tuple[list[int], int]:

@@ -20,7 +20,6 @@ import heapq
 import numpy as np
 import torch
 
-import minikv  # first: on a machine without a GPU this switches Triton to its interpreter
 from minikv import RadixCacheManager, RadixTreeNode
 from minikv.errors import ArgumentError, EvictionError, IntegrityError, LockError
 from minikv.exercises import check, tree_text
@@ -82,6 +81,7 @@ print(tree_text(demo))
 # positions that differ.
 # ```
 
+
 # %%
 def match_len(key: np.ndarray, input_ids: np.ndarray) -> int:
     ### BEGIN SOLUTION
@@ -124,6 +124,7 @@ check("radix.match_len", match_len)
 # still their parent.
 # ```
 
+
 # %%
 def split_at(node: RadixTreeNode, pos: int, page_size: int = 1) -> RadixTreeNode:
     ### BEGIN SOLUTION
@@ -163,6 +164,7 @@ check("radix.split_at", split_at)
 # Collect the path first: `while node is not manager.root_node: path.append(node); node = node.parent`.
 # For an unlock, check every node of the path before changing any of them.
 # ```
+
 
 # %%
 def lock_handle(manager: RadixCacheManager, handle, unlock: bool = False) -> None:
@@ -223,6 +225,7 @@ check("radix.lock_handle", lock_handle)
 # which therefore matched.
 # ```
 
+
 # %%
 def walk(manager: RadixCacheManager, input_ids: np.ndarray) -> tuple[RadixTreeNode, int]:
     ### BEGIN SOLUTION
@@ -275,6 +278,7 @@ check("radix.walk", walk)
 # then `leaf.set_parent(node, manager.page_size)`, which files it under its first page.
 # ```
 
+
 # %%
 def page_aligned_insert(manager: RadixCacheManager, input_ids: np.ndarray, indices: torch.Tensor) -> int:
     ### BEGIN SOLUTION
@@ -324,6 +328,7 @@ check("radix.page_aligned_insert", page_aligned_insert)
 # guaranteed once `size <= evictable_size`: a locked node's ancestors are locked, so every
 # unlocked node can be reached by evicting leaves.
 # ```
+
 
 # %%
 def evict(manager: RadixCacheManager, size: int) -> torch.Tensor:
@@ -400,6 +405,7 @@ check("radix.evict", evict)
 # `page_size`, and `pages - pages[:, :1]` must equal `torch.arange(page_size)` in every row.
 # ```
 
+
 # %%
 def check_integrity(manager: RadixCacheManager) -> None:
     ### BEGIN SOLUTION
@@ -417,20 +423,28 @@ def check_integrity(manager: RadixCacheManager) -> None:
             if node.length == 0:
                 raise IntegrityError("empty node", "only the root may hold no tokens", node)
             if len(node.key) != node.length or len(node.value) != node.length:
-                raise IntegrityError("key/value length", f"{len(node.key)} tokens, {len(node.value)} slots, length {node.length}", node)
+                raise IntegrityError(
+                    "key/value length", f"{len(node.key)} tokens, {len(node.value)} slots, length {node.length}", node
+                )
             if child_key(node.key.numpy(), page_size) != key:
                 raise IntegrityError("child key", f"filed under {key!r}", node)
             if node.ref_count < 0:
                 raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
             if parent is not root and node.ref_count > parent.ref_count:
-                raise IntegrityError("lock covers path", f"ref_count {node.ref_count} > parent's {parent.ref_count}", node)
+                raise IntegrityError(
+                    "lock covers path", f"ref_count {node.ref_count} > parent's {parent.ref_count}", node
+                )
             if parent is not root and node.timestamp > parent.timestamp:
-                raise IntegrityError("LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node)
+                raise IntegrityError(
+                    "LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node
+                )
             if page_size > 1:
                 if node.length % page_size:
                     raise IntegrityError("page alignment", f"length {node.length} is not whole pages", node)
                 pages = node.value.view(-1, page_size).long()
-                if bool((pages[:, 0] % page_size != 0).any()) or not torch.equal(pages - pages[:, :1], torch.arange(page_size).expand_as(pages)):
+                if bool((pages[:, 0] % page_size != 0).any()) or not torch.equal(
+                    pages - pages[:, :1], torch.arange(page_size).expand_as(pages)
+                ):
                     raise IntegrityError("page alignment", "slots do not form whole pages", node)
             for slot in node.value.tolist():
                 if slot in seen_slots:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-# Each module registers its chapter's exercises; imported in chapter order, so that ids list in that order.
-from . import capacity, lifecycle, storage, naive, blocks, radix  # noqa: F401, I001
 from ..radix_manager import RadixCacheManager
-from . import _trees
+
+# Each module registers its chapter's exercises; imported in chapter order, so that ids list in that order.
+from . import _trees, blocks, capacity, lifecycle, naive, radix, storage  # noqa: F401
 from ._core import REGISTRY, run_check
 from ._report import CaseResult, CheckResult
 
@@ -44,4 +44,4 @@ def exercise_ids() -> list[str]:
     return list(REGISTRY)
 
 
-__all__ = ["check", "exercise_ids", "tree_text", "CheckResult", "CaseResult"]
+__all__ = ["CaseResult", "CheckResult", "check", "exercise_ids", "tree_text"]

@@ -168,7 +168,9 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
             return failed("your function still raises NotImplementedError: it is the stub.", not_written=True)
         return failed(learner.describe() + ".")
     except _TimedOut:
-        return failed(f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, so it was stopped; is there a loop that never ends?")
+        return failed(
+            f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, so it was stopped; is there a loop that never ends?"
+        )
     except Exception as error:  # the checker could not make sense of what the learner's code returned
         return failed(
             "the checker could not use what your function returned "
@@ -221,7 +223,11 @@ def _where(tb: TracebackType | None) -> str:
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 _LIBRARY_DIRS = tuple(
-    {str(Path(path).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib") if (path := sysconfig.get_paths().get(key))}
+    {
+        str(Path(path).resolve())
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (path := sysconfig.get_paths().get(key))
+    }
 )
 
 

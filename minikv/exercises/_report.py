@@ -99,10 +99,16 @@ class CheckResult:
         ]
         failure = self.smallest_failure
         if failure is not None and not self.not_written:
-            parts.append(f'<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> {_esc(failure.description)}</p>')
+            parts.append(
+                f'<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> {_esc(failure.description)}</p>'
+            )
             parts.append(f'<p style="margin: 0.2em 0;"><strong>What went wrong:</strong> {_esc(failure.problem)}</p>')
             if failure.expected or failure.got:
-                parts.append("<pre>" + _esc("\n".join(_labelled("expected", failure.expected) + _labelled("got", failure.got))) + "</pre>")
+                parts.append(
+                    "<pre>"
+                    + _esc("\n".join(_labelled("expected", failure.expected) + _labelled("got", failure.got)))
+                    + "</pre>"
+                )
         if not self.not_written:
             items = "".join(f"<li>{'✓' if case.passed else '✗'} {_esc(case.description)}</li>" for case in self.cases)
             parts.append(

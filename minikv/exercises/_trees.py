@@ -122,7 +122,11 @@ def random_recipe(
             ops.append(lock(*prompt))
         if rng.random() < 0.3:
             ops.append(match(*rng.choice(prompts)))
-    name = f"a random tree from {num_prompts} prompts (seed {seed}" + (f", page_size {page_size}" if page_size > 1 else "") + ")"
+    name = (
+        f"a random tree from {num_prompts} prompts (seed {seed}"
+        + (f", page_size {page_size}" if page_size > 1 else "")
+        + ")"
+    )
     return Recipe(tuple(ops), page_size, name)
 
 
@@ -152,7 +156,7 @@ def path_of(node: RadixTreeNode) -> list[int]:
     return [token for part in reversed(parts) for token in part]
 
 
-def _np(ids: Sequence[int]):  # noqa: ANN202 - a NumPy array, imported lazily with the manager
+def _np(ids: Sequence[int]):
     import numpy as np
 
     return np.asarray(list(ids), dtype=np.int64)

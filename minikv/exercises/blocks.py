@@ -91,7 +91,9 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
     got_blocks, got_table, got_free = _state(got)
     for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks)):
         if e[0] != g[0]:
-            raise Mismatch(f"{when}, block {block_id} should have ref_count {e[0]}.", _describe(expected), got.describe())
+            raise Mismatch(
+                f"{when}, block {block_id} should have ref_count {e[0]}.", _describe(expected), got.describe()
+            )
         if e[1] != g[1] or e[2] != g[2]:
             state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
             raise Mismatch(
@@ -111,7 +113,11 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
             problem += f": it should map hash {missing[0][0]} to block {missing[0][1]}"
         raise Mismatch(problem + ".", _describe(expected), got.describe())
     if exp_free != got_free:
-        raise Mismatch(f"{when}, the free list is wrong (its order decides which block is reused next).", str(exp_free), str(got_free))
+        raise Mismatch(
+            f"{when}, the free list is wrong (its order decides which block is reused next).",
+            str(exp_free),
+            str(got_free),
+        )
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,9 @@ def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple, ...]:
     for i in range(count):
         if prompts and rng.random() < 0.6:
             base = rng.choice(prompts)
-            prompt = base[: rng.randint(0, len(base))] + tuple(rng.randrange(3) for _ in range(rng.randint(1, 2 * block_size)))
+            prompt = base[: rng.randint(0, len(base))] + tuple(
+                rng.randrange(3) for _ in range(rng.randint(1, 2 * block_size))
+            )
         else:
             prompt = tuple(rng.randrange(3) for _ in range(rng.randint(1, 3 * block_size)))
         prompts.append(prompt)
@@ -148,7 +156,10 @@ def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple, ...]:
 
 SCENARIOS = [
     PoolScenario("an empty prompt needs no block", (("alloc", "A", ()),)),
-    PoolScenario("5 tokens, block_size 4: one full block (hashed) and one partial block (not hashed)", (("alloc", "A", (1, 2, 3, 4, 5)),)),
+    PoolScenario(
+        "5 tokens, block_size 4: one full block (hashed) and one partial block (not hashed)",
+        (("alloc", "A", (1, 2, 3, 4, 5)),),
+    ),
     PoolScenario(
         "the same prompt while the first still runs: the full block is shared (ref_count 2)",
         (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 5))),
@@ -189,8 +200,12 @@ SCENARIOS = [
         (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", tuple(range(8)) + (50, 51, 52, 53, 54))),
         num_blocks=3,
     ),
-    PoolScenario("12 requests over a tiny vocabulary, block_size 2", _random_ops(1, 12, 2), num_blocks=24, block_size=2),
-    PoolScenario("12 requests over a tiny vocabulary, block_size 3", _random_ops(2, 12, 3), num_blocks=20, block_size=3),
+    PoolScenario(
+        "12 requests over a tiny vocabulary, block_size 2", _random_ops(1, 12, 2), num_blocks=24, block_size=2
+    ),
+    PoolScenario(
+        "12 requests over a tiny vocabulary, block_size 3", _random_ops(2, 12, 3), num_blocks=20, block_size=3
+    ),
 ]
 
 
@@ -230,7 +245,9 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
                             outcome(error, returned="returned normally"),
                         )
                     if _state(mine) != before:
-                        raise Mismatch(f"step {number} raised, but the pool had already changed: check first, then change.")
+                        raise Mismatch(
+                            f"step {number} raised, but the pool had already changed: check first, then change."
+                        )
                     continue
                 if error is not None:
                     raise Mismatch(f"step {number} ({_describe_op(op)}): your function {outcome(error)}.")

@@ -27,7 +27,11 @@ _SHAPES = [
 ]
 
 
-@exercise("capacity.kv_bytes_per_token", "bytes of K and V for one token, all layers", forbid=((_capacity, "kv_bytes_per_token"),))
+@exercise(
+    "capacity.kv_bytes_per_token",
+    "bytes of K and V for one token, all layers",
+    forbid=((_capacity, "kv_bytes_per_token"),),
+)
 def _kv_bytes_cases() -> list[Case]:
     return [
         _bytes_case(desc, layers * heads * dim, _capacity.kv_bytes_per_token, layers, heads, dim, dtype)
@@ -35,7 +39,11 @@ def _kv_bytes_cases() -> list[Case]:
     ]
 
 
-@exercise("capacity.mla_bytes_per_token", "bytes per token under multi-head latent attention", forbid=((_capacity, "mla_bytes_per_token"),))
+@exercise(
+    "capacity.mla_bytes_per_token",
+    "bytes per token under multi-head latent attention",
+    forbid=((_capacity, "mla_bytes_per_token"),),
+)
 def _mla_cases() -> list[Case]:
     shapes = [
         ("1 layer, latent rank 4, no RoPE part, float32", 1, 4, 0, torch.float32),
@@ -43,7 +51,6 @@ def _mla_cases() -> list[Case]:
         ("DeepSeek-V3 in float32", 61, 512, 64, torch.float32),
         ("7 layers, rank 96, RoPE part 24, float16", 7, 96, 24, torch.float16),
     ]
-
 
     return [
         _bytes_case(desc, layers * (rank + rope), _capacity.mla_bytes_per_token, layers, rank, rope, dtype)
@@ -67,7 +74,11 @@ def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: ob
     return Case(desc, weight, run)
 
 
-@exercise("capacity.tokens_that_fit", "whole tokens whose KV fits in a memory budget", forbid=((_capacity, "tokens_that_fit"),))
+@exercise(
+    "capacity.tokens_that_fit",
+    "whole tokens whose KV fits in a memory budget",
+    forbid=((_capacity, "tokens_that_fit"),),
+)
 def _fit_cases() -> list[Case]:
     gib = 1024**3
     llama3 = _capacity.MODELS["Llama-3-8B"].bytes_per_token()
@@ -83,7 +94,9 @@ def _fit_cases() -> list[Case]:
     def make(desc: str, memory: int, per_token: int) -> Case:
         def run(fn: _F) -> None:
             got = expect_int("the result", call(fn, memory, per_token))
-            expect_equal(f"tokens_that_fit({memory:,}, {per_token:,})", _capacity.tokens_that_fit(memory, per_token), got)
+            expect_equal(
+                f"tokens_that_fit({memory:,}, {per_token:,})", _capacity.tokens_that_fit(memory, per_token), got
+            )
 
         return Case(desc, memory // max(per_token, 1), run)
 
@@ -101,7 +114,10 @@ def _sharing_cases() -> list[Case]:
         ("two prompts that share nothing", [[1, 2], [3, 4, 5]]),
         ("a shared system prompt and three questions", [[9, 9, 9, 1, 2], [9, 9, 9, 3], [9, 9, 9, 1, 4, 5]]),
         ("prompts in an order where neighbours share less than others do", [[1, 2, 3], [4, 5], [1, 2, 9]]),
-        ("a prompt that shares with an earlier one only after a later one", [[5, 1, 1], [5, 1, 2, 2], [5, 3], [5, 1, 2, 7]]),
+        (
+            "a prompt that shares with an earlier one only after a later one",
+            [[5, 1, 1], [5, 1, 2, 2], [5, 3], [5, 1, 2, 7]],
+        ),
         ("twelve prompts over a tiny vocabulary", [[(i * 7 + j * 3) % 3 for j in range(i % 5 + 2)] for i in range(12)]),
     ]
 
@@ -139,5 +155,7 @@ def _ratio_hint(expected: int, got: int) -> str:
     if got > 0 and expected % got == 0 and expected // got in (2, 4):
         return f": it is 1/{expected // got} of the right answer. Did you count both K and V, and every layer, and use the dtype's element size?"
     if expected > 0 and got % expected == 0 and got // expected in (2, 4):
-        return f": it is {got // expected} times the right answer. Is something counted twice, or the element size wrong?"
+        return (
+            f": it is {got // expected} times the right answer. Is something counted twice, or the element size wrong?"
+        )
     return "."

@@ -79,7 +79,9 @@ class World:
         ps = scenario.page_size
         self.manager = RadixCacheManager("cpu", page_size=ps)
         self.pool = PagePool(scenario.num_pages, ps)
-        self.kv_cache = MHAKVCache(HEADS, LAYERS, HEAD_DIM, scenario.num_pages, torch.float32, KVCacheLayout.LayerFirst, "cpu", page_size=ps)
+        self.kv_cache = MHAKVCache(
+            HEADS, LAYERS, HEAD_DIM, scenario.num_pages, torch.float32, KVCacheLayout.LayerFirst, "cpu", page_size=ps
+        )
         self.running: dict[str, Request] = {}
 
     def admit(self, name: str, ids: tuple[int, ...]) -> Request:
@@ -190,7 +192,9 @@ def _random_events(seed: int, count: int, vocab: int, max_len: int, concurrent: 
     for i in range(count):
         if prompts and rng.random() < 0.6:
             base = rng.choice(prompts)
-            prompt = base[: rng.randint(0, len(base))] + tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len // 2)))
+            prompt = base[: rng.randint(0, len(base))] + tuple(
+                rng.randrange(vocab) for _ in range(rng.randint(1, max_len // 2))
+            )
         else:
             prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_len)))
         prompts.append(prompt)
@@ -226,9 +230,20 @@ SERVE_SCENARIOS = [
         page_size=4,
         num_pages=8,
     ),
-    Scenario("page_size 4: a prompt shorter than one page caches nothing", (serve(1, 2, 3), serve(1, 2, 3)), page_size=4, num_pages=4),
-    Scenario("12 requests over a tiny vocabulary with a small pool (page_size 1)", _random_events(1, 12, 3, 8, False), num_pages=24),
-    Scenario("12 requests with a small pool, page_size 2", _random_events(2, 12, 3, 10, False), page_size=2, num_pages=16),
+    Scenario(
+        "page_size 4: a prompt shorter than one page caches nothing",
+        (serve(1, 2, 3), serve(1, 2, 3)),
+        page_size=4,
+        num_pages=4,
+    ),
+    Scenario(
+        "12 requests over a tiny vocabulary with a small pool (page_size 1)",
+        _random_events(1, 12, 3, 8, False),
+        num_pages=24,
+    ),
+    Scenario(
+        "12 requests with a small pool, page_size 2", _random_events(2, 12, 3, 10, False), page_size=2, num_pages=16
+    ),
 ]
 
 FINISH_SCENARIOS = [
@@ -242,16 +257,33 @@ FINISH_SCENARIOS = [
         "B matched 2 tokens; while it ran, A cached 3 more of B's tokens",
         (serve(7, 8), admit("A", 7, 8, 1, 2, 3, 9), admit("B", 7, 8, 1, 2, 3, 4), finish("A"), finish("B")),
     ),
-    Scenario("page_size 4: a 10-token prompt gives back its 2-token partial page", (admit("A", *range(1, 11)), finish("A")), page_size=4, num_pages=8),
-    Scenario("page_size 4: a 3-token prompt is too short to cache", (admit("A", 1, 2, 3), finish("A")), page_size=4, num_pages=4),
+    Scenario(
+        "page_size 4: a 10-token prompt gives back its 2-token partial page",
+        (admit("A", *range(1, 11)), finish("A")),
+        page_size=4,
+        num_pages=8,
+    ),
+    Scenario(
+        "page_size 4: a 3-token prompt is too short to cache",
+        (admit("A", 1, 2, 3), finish("A")),
+        page_size=4,
+        num_pages=4,
+    ),
     Scenario(
         "page_size 2: concurrent duplicates and a partial page",
         (admit("A", *range(1, 8)), admit("B", *range(1, 6)), finish("A"), finish("B")),
         page_size=2,
         num_pages=16,
     ),
-    Scenario("10 overlapping requests finishing out of order (page_size 1)", _random_events(3, 10, 3, 8, True), num_pages=64),
-    Scenario("10 overlapping requests finishing out of order (page_size 2)", _random_events(4, 10, 3, 9, True), page_size=2, num_pages=64),
+    Scenario(
+        "10 overlapping requests finishing out of order (page_size 1)", _random_events(3, 10, 3, 8, True), num_pages=64
+    ),
+    Scenario(
+        "10 overlapping requests finishing out of order (page_size 2)",
+        _random_events(4, 10, 3, 9, True),
+        page_size=2,
+        num_pages=64,
+    ),
 ]
 
 ADMIT_SCENARIOS = [
@@ -268,7 +300,12 @@ ADMIT_SCENARIOS = [
         (serve(1, 2, 3, 4, 5, 6), admit("A", 1, 2, 3, 4, 5, 6, 7, 8, 9)),
         num_pages=8,
     ),
-    Scenario("page_size 4: only whole pages match", (serve(*range(1, 11)), admit("A", *range(1, 11), 50)), page_size=4, num_pages=8),
+    Scenario(
+        "page_size 4: only whole pages match",
+        (serve(*range(1, 11)), admit("A", *range(1, 11), 50)),
+        page_size=4,
+        num_pages=8,
+    ),
 ]
 
 
@@ -359,7 +396,9 @@ def _admit_cases() -> list[Case]:
                     str(expected.indices.tolist()),
                     str(indices.tolist()),
                 )
-            if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(indices) != len(ids):
+            if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(
+                indices
+            ) != len(ids):
                 raise Mismatch(
                     f"the request needs {len(ids) - expected.cached_len} new slots from pool.allocate(..., evict_from=manager), after the matched ones.",
                     str(expected.indices.tolist()),
@@ -387,7 +426,9 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
         raise Mismatch("return a pair (handle, indices).", "(handle, indices)", repr(result))
     handle, indices = result
     if not isinstance(handle, RadixCacheHandle):
-        raise Mismatch("the first element must be the handle match_prefix returned.", "a RadixCacheHandle", type(handle).__name__)
+        raise Mismatch(
+            "the first element must be the handle match_prefix returned.", "a RadixCacheHandle", type(handle).__name__
+        )
     if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point:
         raise Mismatch("the second element must be an integer tensor of slots.", "a tensor", repr(indices))
     return handle, indices
@@ -416,14 +457,28 @@ def _finish_cases() -> list[Case]:
                     when = f"after your finish of request {event.name}"
                     theirs, request = ref.running.pop(event.name), mine.running.pop(event.name)
                     expected = _lifecycle.finish(ref.manager, ref.pool, theirs)
-                    got = expect_int("finish's result", call(fn, mine.manager, mine.pool, _ids(request.input_ids.tolist()), request.handle, request.indices))
+                    got = expect_int(
+                        "finish's result",
+                        call(
+                            fn,
+                            mine.manager,
+                            mine.pool,
+                            _ids(request.input_ids.tolist()),
+                            request.handle,
+                            request.indices,
+                        ),
+                    )
                     if got != expected:
-                        raise Mismatch(f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got))
+                        raise Mismatch(
+                            f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got)
+                        )
                     check_accounting(mine, when)
                     compare_worlds(ref, mine, when)
                     locked = mine.manager.size_info.protected_size - ref.manager.size_info.protected_size
                     if locked:
-                        raise Mismatch(f"{when}, {locked} slots are still locked: unlock the request's handle (step 7).")
+                        raise Mismatch(
+                            f"{when}, {locked} slots are still locked: unlock the request's handle (step 7)."
+                        )
 
         return Case(scenario.description, scenario.size, run)
 
@@ -445,7 +500,9 @@ def _serve_cases() -> list[Case]:
             for number, event in enumerate(scenario.events, 1):
                 when = f"after request {number} ({list(event.ids)})"
                 try:
-                    expected: int | None = _lifecycle.serve(ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn).cached_len
+                    expected: int | None = _lifecycle.serve(
+                        ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn
+                    ).cached_len
                 except OutOfSlotsError:
                     expected = None
                 got, error = raised(fn, mine.manager, mine.pool, _ids(event.ids), mine.kv_cache, kv_fn)
@@ -464,7 +521,11 @@ def _serve_cases() -> list[Case]:
                         raise unexpected(error)
                     got = expect_int("serve's result (the number of cached tokens)", got)
                     if got != expected:
-                        raise Mismatch(f"request {number}: return how many prompt tokens came from the cache.", str(expected), str(got))
+                        raise Mismatch(
+                            f"request {number}: return how many prompt tokens came from the cache.",
+                            str(expected),
+                            str(got),
+                        )
                     check_kv(mine, event.ids, when)
                 if mine.manager.size_info.protected_size:
                     raise Mismatch(

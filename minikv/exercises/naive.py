@@ -45,7 +45,11 @@ def _naive_cases() -> list[Case]:
                 raise Mismatch("match_prefix must return a pair (handle, indices).", "(handle, indices)", repr(result))
             handle, indices = result
             if not isinstance(handle, BaseCacheHandle):
-                raise Mismatch("the handle must be a BaseCacheHandle (a NaiveCacheHandle).", "NaiveCacheHandle(cached_len=0)", repr(handle))
+                raise Mismatch(
+                    "the handle must be a BaseCacheHandle (a NaiveCacheHandle).",
+                    "NaiveCacheHandle(cached_len=0)",
+                    repr(handle),
+                )
             expect_equal(f"the handle's cached_len for {ids}", 0, handle.cached_len)
             _expect_empty_slots("match_prefix", indices)
 
@@ -60,7 +64,10 @@ def _naive_cases() -> list[Case]:
     def insert_case(fn: _F) -> None:
         manager = _make(fn)
         for n in (3, 0, 7):
-            got = expect_int("insert_prefix's result", call(manager.insert_prefix, torch.arange(n), torch.arange(n, dtype=torch.int32)))
+            got = expect_int(
+                "insert_prefix's result",
+                call(manager.insert_prefix, torch.arange(n), torch.arange(n, dtype=torch.int32)),
+            )
             if got != n:
                 raise Mismatch(
                     f"insert_prefix of {n} tokens must return {n}: 'all of it was already cached', "
@@ -86,7 +93,9 @@ def _naive_cases() -> list[Case]:
             got = call(manager.evict, 1)
         except LearnerRaised:
             return  # any error will do: there is nothing to evict
-        raise Mismatch("evict(1) must raise: this manager holds nothing, so it cannot free anything.", "an exception", repr(got))
+        raise Mismatch(
+            "evict(1) must raise: this manager holds nothing, so it cannot free anything.", "an exception", repr(got)
+        )
 
     def sizes_case(fn: _F) -> None:
         manager = _make(fn)
@@ -128,6 +137,12 @@ def _naive_cases() -> list[Case]:
         Case("insert_prefix with 3 tokens and 2 slots raises ValueError", 3, insert_mismatch_case),
         Case("evict(0) returns an empty int32 tensor; evict(1) raises", 1, evict_case),
         Case("size_info is (0, 0), reset() returns an empty int32 tensor, check_integrity() passes", 1, sizes_case),
-        Case("three requests through the seven steps leak no slot", 12, serve_case([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], 16)),
-        Case("requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)),
+        Case(
+            "three requests through the seven steps leak no slot",
+            12,
+            serve_case([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], 16),
+        ),
+        Case(
+            "requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)
+        ),
     ]

@@ -32,7 +32,11 @@ def _arr(ids: Sequence[int]) -> np.ndarray:
 # -- radix.match_len --------------------------------------------------------------
 
 
-@exercise("radix.match_len", "how many leading tokens two arrays share", forbid=((_radix_module, "match_len"), (RadixTreeNode, "get_match_len")))
+@exercise(
+    "radix.match_len",
+    "how many leading tokens two arrays share",
+    forbid=((_radix_module, "match_len"), (RadixTreeNode, "get_match_len")),
+)
 def _match_len_cases() -> list[Case]:
     long = list(range(1000))
     pairs = [
@@ -62,7 +66,12 @@ def _match_len_cases() -> list[Case]:
 
 
 def _expect_refusal(
-    tree: RadixCacheManager, wanted: type[BaseException], why: str, fn: Callable[..., object], *args: object, **kwargs: object
+    tree: RadixCacheManager,
+    wanted: type[BaseException],
+    why: str,
+    fn: Callable[..., object],
+    *args: object,
+    **kwargs: object,
 ) -> None:
     """The learner's ``fn(*args, **kwargs)`` must raise ``wanted`` and leave ``tree`` exactly as it was."""
     before = _trees.snapshot(tree)
@@ -96,7 +105,7 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
                 continue
             upper = call(fn, node, pos) if ps == 1 else call(fn, node, pos, ps)
             ref_node._split_at(pos, ps)
-            what = f"split_at(the node {list(path[len(parent_path):])}, {pos})"
+            what = f"split_at(the node {list(path[len(parent_path) :])}, {pos})"
             if not isinstance(upper, RadixTreeNode):
                 raise Mismatch(f"{what} must return the new upper node.", "a RadixTreeNode", repr(upper))
             if upper is node:
@@ -170,13 +179,25 @@ def _split_cases() -> list[Case]:
     return [
         _split_case("split [1, 2, 3, 4] at 1", one, [((1, 2, 3, 4), 1)]),
         _split_case("split [1, 2, 3, 4] at 3 (length - 1)", one, [((1, 2, 3, 4), 3)]),
-        _split_case("pos 0 or pos == length cannot split: raise ValueError and change nothing", one, [((1, 2, 3, 4), 0), ((1, 2, 3, 4), 4)]),
+        _split_case(
+            "pos 0 or pos == length cannot split: raise ValueError and change nothing",
+            one,
+            [((1, 2, 3, 4), 0), ((1, 2, 3, 4), 4)],
+        ),
         _split_case("a node with a child: the child stays under the lower half", with_child, [((1, 2, 3, 4, 5), 2)]),
         _split_case("a node deep in the tree, whose parent has other children", deep, [((1, 2, 3, 4, 5, 6), 1)]),
         _split_case("a node locked twice: both halves keep ref_count 2", locked, [((1, 2, 3, 4, 5), 3)]),
         _split_case("split the same node twice", one, [((1, 2, 3, 4), 3), ((1, 2, 3, 4), 2)]),
-        _split_case("page_size 2: split a 6-token node after its first page", recipe(insert(*range(6)), page_size=2), [(tuple(range(6)), 2)]),
-        _split_case("page_size 4: split a 12-token node after 8 tokens", recipe(insert(*range(12)), page_size=4), [(tuple(range(12)), 8)]),
+        _split_case(
+            "page_size 2: split a 6-token node after its first page",
+            recipe(insert(*range(6)), page_size=2),
+            [(tuple(range(6)), 2)],
+        ),
+        _split_case(
+            "page_size 4: split a 12-token node after 8 tokens",
+            recipe(insert(*range(12)), page_size=4),
+            [(tuple(range(12)), 8)],
+        ),
         _split_case(rnd.describe() + ", split 6 times", rnd, _random_splits(1, rnd, 6)),
         _split_case(rnd_paged.describe() + ", split 6 times", rnd_paged, _random_splits(2, rnd_paged, 6)),
         _split_case(big.describe() + ", split 20 times", big, _random_splits(3, big, 20)),
@@ -206,7 +227,11 @@ def _walk_case(desc: str, tree: Recipe, inputs: list[tuple[int, ...]]) -> Case:
             if _trees.path_of(node) != expected_path:
                 raise Mismatch(
                     f"{what} must return the node where the match ends"
-                    + (" (the root, for an empty match)." if not expected_path else "; split the node the match ends inside."),
+                    + (
+                        " (the root, for an empty match)."
+                        if not expected_path
+                        else "; split the node the match ends inside."
+                    ),
                     f"the node ending at {_short(expected_path)}" if expected_path else "the root",
                     f"the node ending at {_short(_trees.path_of(node))}" if node.parent is not None else "the root",
                 )
@@ -237,17 +262,41 @@ def _walk_cases() -> list[Case]:
         _walk_case("the match ends inside a node: split it at length - 1", two, [(1, 2, 3, 9)]),
         _walk_case("the match runs through one node and ends inside the next", two, [(1, 2, 3, 4, 5, 0)]),
         _walk_case("input_ids longer than anything cached", two, [(1, 2, 3, 4, 5, 6, 7, 8, 9)]),
-        _walk_case("the matched path gets the time of this walk; the others keep theirs", two, [(7, 8), (1, 2), (1, 2, 3, 4, 5, 6)]),
-        _walk_case("page_size 2: only whole pages match (5 tokens match at most 4)", recipe(insert(*range(8)), page_size=2), [(0, 1, 2, 3, 4)]),
-        _walk_case("page_size 4: the first page differs in its last token, so nothing matches", recipe(insert(*range(8)), page_size=4), [(0, 1, 2, 9)]),
+        _walk_case(
+            "the matched path gets the time of this walk; the others keep theirs",
+            two,
+            [(7, 8), (1, 2), (1, 2, 3, 4, 5, 6)],
+        ),
+        _walk_case(
+            "page_size 2: only whole pages match (5 tokens match at most 4)",
+            recipe(insert(*range(8)), page_size=2),
+            [(0, 1, 2, 3, 4)],
+        ),
+        _walk_case(
+            "page_size 4: the first page differs in its last token, so nothing matches",
+            recipe(insert(*range(8)), page_size=4),
+            [(0, 1, 2, 9)],
+        ),
         _walk_case(
             "page_size 2: the match ends inside a node, at a page border",
             recipe(insert(*range(8)), insert(0, 1, 2, 3, 7, 7), page_size=2),
             [(0, 1, 2, 3, 4, 9, 9, 9)],
         ),
-        _walk_case(rnd.describe() + ", 8 walks", rnd, [tuple(rng.randrange(4) for _ in range(rng.randint(0, 10))) for _ in range(8)]),
-        _walk_case(rnd_paged.describe() + ", 8 walks", rnd_paged, [tuple(rng.randrange(4) for _ in range(rng.randint(0, 12))) for _ in range(8)]),
-        _walk_case(big.describe() + ", 30 walks", big, [tuple(rng.randrange(5) for _ in range(rng.randint(0, 24))) for _ in range(30)]),
+        _walk_case(
+            rnd.describe() + ", 8 walks",
+            rnd,
+            [tuple(rng.randrange(4) for _ in range(rng.randint(0, 10))) for _ in range(8)],
+        ),
+        _walk_case(
+            rnd_paged.describe() + ", 8 walks",
+            rnd_paged,
+            [tuple(rng.randrange(4) for _ in range(rng.randint(0, 12))) for _ in range(8)],
+        ),
+        _walk_case(
+            big.describe() + ", 30 walks",
+            big,
+            [tuple(rng.randrange(5) for _ in range(rng.randint(0, 24))) for _ in range(30)],
+        ),
     ]
 
 
@@ -290,7 +339,9 @@ def _lock_case(desc: str, tree: Recipe, steps: list[tuple[str, tuple[int, ...]]]
                 continue
             problem = _trees.first_difference(_trees.snapshot(ref), _trees.snapshot(mine))
             if problem is not None:
-                raise Mismatch(f"{when}: {problem}", _trees.render(_trees.snapshot(ref)), _trees.render(_trees.snapshot(mine)))
+                raise Mismatch(
+                    f"{when}: {problem}", _trees.render(_trees.snapshot(ref)), _trees.render(_trees.snapshot(mine))
+                )
 
     return Case(desc, tree.num_tokens, run)
 
@@ -314,7 +365,11 @@ def _random_lock_steps(seed: int, tree: Recipe, count: int) -> list[tuple[str, t
     return steps
 
 
-@exercise("radix.lock_handle", "lock or unlock the path from a handle's node to the root", forbid=((RadixCacheManager, "lock_handle"),))
+@exercise(
+    "radix.lock_handle",
+    "lock or unlock the path from a handle's node to the root",
+    forbid=((RadixCacheManager, "lock_handle"),),
+)
 def _lock_cases() -> list[Case]:
     single = recipe(insert(1, 2, 3))
     chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
@@ -350,8 +405,19 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             what = f"evict({size})"
             if size < 0 or size > ref.size_info.evictable_size:
                 wanted = ValueError if size < 0 else EvictionError
-                reason = "a negative size is a mistake" if size < 0 else f"only {mine.size_info.evictable_size} slots are evictable"
-                _expect_refusal(mine, wanted, f"{what}: {reason}, so raise {wanted.__name__} before changing anything.", fn, mine, size)
+                reason = (
+                    "a negative size is a mistake"
+                    if size < 0
+                    else f"only {mine.size_info.evictable_size} slots are evictable"
+                )
+                _expect_refusal(
+                    mine,
+                    wanted,
+                    f"{what}: {reason}, so raise {wanted.__name__} before changing anything.",
+                    fn,
+                    mine,
+                    size,
+                )
                 continue
             expected = ref.evict(size)
             got = call(fn, mine, size)
@@ -370,7 +436,11 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
                 )
             problem = _trees.first_difference(_trees.snapshot(ref), _trees.snapshot(mine))
             if problem is not None:
-                raise Mismatch(f"after {what}: {problem}", _trees.render(_trees.snapshot(ref)), _trees.render(_trees.snapshot(mine)))
+                raise Mismatch(
+                    f"after {what}: {problem}",
+                    _trees.render(_trees.snapshot(ref)),
+                    _trees.render(_trees.snapshot(mine)),
+                )
 
     return Case(desc, tree.num_tokens, run)
 
@@ -386,7 +456,11 @@ def _random_evictions(seed: int, tree: Recipe) -> list[int]:
     return sizes
 
 
-@exercise("radix.evict", "free the least recently used unlocked leaves", forbid=((RadixCacheManager, "evict"), (RadixCacheManager, "reset")))
+@exercise(
+    "radix.evict",
+    "free the least recently used unlocked leaves",
+    forbid=((RadixCacheManager, "evict"), (RadixCacheManager, "reset")),
+)
 def _evict_cases() -> list[Case]:
     leaf = recipe(insert(1, 2, 3, 4))
     two = recipe(insert(1, 2, 3), insert(7, 8, 9, 10), match(1, 2, 3))  # [7..10] is now older
@@ -403,15 +477,27 @@ def _evict_cases() -> list[Case]:
         _evict_case("two leaves: the least recently used goes first", two, [1]),
         _evict_case("the oldest leaf is locked: skip it", locked_old, [2]),
         _evict_case("evict(5) must free two leaves", two, [5]),
-        _evict_case("two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next", family, [4, 1]),
+        _evict_case(
+            "two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next", family, [4, 1]
+        ),
         _evict_case("a chain: freeing everything takes the leaf, then its parent, then the root's child", chain, [6]),
         _evict_case("a parent with a locked child never becomes a leaf", partly_locked, [3, 2]),
         _evict_case("more than is evictable: raise EvictionError, change nothing", locked_old, [6]),
         _evict_case("a negative size: raise ValueError, change nothing", leaf, [-1]),
-        _evict_case("page_size 2: whole nodes of whole pages", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [1, 2]),
-        _evict_case(rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)),
-        _evict_case(rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)),
-        _evict_case(big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)),
+        _evict_case(
+            "page_size 2: whole nodes of whole pages",
+            recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2),
+            [1, 2],
+        ),
+        _evict_case(
+            rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)
+        ),
+        _evict_case(
+            rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)
+        ),
+        _evict_case(
+            big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)
+        ),
     ]
 
 
@@ -543,13 +629,19 @@ def _insert_case(desc: str, tree: Recipe, inserts: list[tuple[int, ...]]) -> Cas
             got = expect_int("the result", call(fn, mine, _arr(ids), given))
             what = f"page_aligned_insert({_short(list(ids))}) with page_size {ps}"
             if got != expected:
-                raise Mismatch(f"{what} must return how many of its tokens were already cached.", str(expected), str(got))
+                raise Mismatch(
+                    f"{what} must return how many of its tokens were already cached.", str(expected), str(got)
+                )
             given.fill_(-5)  # the caller reuses its page-table row; the tree must have kept a copy
             problem = _trees.first_difference(_trees.snapshot(ref), _trees.snapshot(mine))
             if problem is not None:
                 if any(-5 in n.value for n in _trees.nodes_of(_trees.snapshot(mine))):
                     problem += " (The tree shows -5: the caller overwrote its indices after the call, and the tree saw it. Store a copy: .clone().)"
-                raise Mismatch(f"after {what}: {problem}", _trees.render(_trees.snapshot(ref)), _trees.render(_trees.snapshot(mine)))
+                raise Mismatch(
+                    f"after {what}: {problem}",
+                    _trees.render(_trees.snapshot(ref)),
+                    _trees.render(_trees.snapshot(mine)),
+                )
 
     return Case(desc, tree.num_tokens + sum(len(i) for i in inserts), run)
 

@@ -60,7 +60,9 @@ def _tp_cases() -> list[Case]:
     def make(desc: str, heads: int, rank: int, size: int) -> Case:
         def run(fn: _F) -> None:
             got = call(fn, heads, rank, size)
-            expected = MHAKVCache(heads, 1, 1, 1, torch.float32, KVCacheLayout.LayerFirst, "cpu", tp_rank=rank, tp_size=size).head_range
+            expected = MHAKVCache(
+                heads, 1, 1, 1, torch.float32, KVCacheLayout.LayerFirst, "cpu", tp_rank=rank, tp_size=size
+            ).head_range
             if not isinstance(got, (range, list, tuple)):
                 raise Mismatch("return a range of head numbers.", repr(expected), f"{type(got).__name__}: {got!r}")
             expect_equal(f"the heads of rank {rank} of {size} (of {heads} KV heads)", list(expected), list(got))
@@ -106,12 +108,18 @@ def _view_cases() -> list[Case]:
             got = call(fn, buffer)
             if not isinstance(got, torch.Tensor):
                 raise Mismatch("return a tensor.", "a torch.Tensor", type(got).__name__)
-            expect_equal("the view's shape (2, layers, pages, heads, head_dim)", (2, layers, pages, heads, dim), tuple(got.shape))
+            expect_equal(
+                "the view's shape (2, layers, pages, heads, head_dim)", (2, layers, pages, heads, dim), tuple(got.shape)
+            )
             if not torch.equal(buffer, original):
                 raise Mismatch("your function changed the buffer's contents; a view only looks at them.")
             expected = buffer.permute(0, 2, 1, 3, 4)
             if not torch.equal(got, expected):
-                raise Mismatch(_describe_wrong_view(got, expected, buffer), "view[kv, layer, page] == buffer[kv, page, layer]", "see above")
+                raise Mismatch(
+                    _describe_wrong_view(got, expected, buffer),
+                    "view[kv, layer, page] == buffer[kv, page, layer]",
+                    "see above",
+                )
             if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
                 raise Mismatch(
                     "your result is a copy, not a view: the store kernel would write into the copy and the cache would never see it.",
@@ -278,7 +286,9 @@ class _Store:
             _store_module.store_cache_reference(self.expected_k, self.expected_v, self.indices, self.k, self.v)
 
     @staticmethod
-    def _sources(gen: torch.Generator, n: int, h: int, d: int, source: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sources(
+        gen: torch.Generator, n: int, h: int, d: int, source: str, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         def randn(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen).to(dtype)
 
@@ -372,7 +382,9 @@ def _guarded_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _store_cases() -> list[Case]:
     def make(setup: StoreSetup) -> Case:
-        return Case(setup.description, setup.num_tokens * setup.heads * setup.head_dim, lambda fn: _Store(setup).run(fn))
+        return Case(
+            setup.description, setup.num_tokens * setup.heads * setup.head_dim, lambda fn: _Store(setup).run(fn)
+        )
 
     return [make(setup) for setup in STORE_SETUPS]
 
@@ -383,6 +395,7 @@ _REFERENCE_STORES = tuple(
     for name in ("store_cache", "store_cache_reference")
 ) + ((_store_module, "_launch"), (_store_module, "_store_torch"), (_mha_pool, "store_cache"))
 
-exercise("storage.store_torch", "write each token's K and V rows into its slot, in plain torch", forbid=_REFERENCE_STORES)(_store_cases)
+exercise(
+    "storage.store_torch", "write each token's K and V rows into its slot, in plain torch", forbid=_REFERENCE_STORES
+)(_store_cases)
 exercise("storage.store", "the store kernel in Triton, and its launcher", forbid=_REFERENCE_STORES)(_store_cases)
-

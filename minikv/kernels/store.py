@@ -27,10 +27,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
-from ..errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, SlotIndexError  # noqa: E402
+from ..errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, SlotIndexError
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """True when Triton kernels run in its interpreter (on CPU tensors) rather than compiled."""
@@ -118,7 +118,9 @@ def store_cache_reference(
         v_cache4[slot // page_size, slot % page_size] = v[i]
 
 
-def _launch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _launch(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     num_tokens, num_heads, head_dim = k.shape
     block_h = triton.next_power_of_2(num_heads)
     block_d = triton.next_power_of_2(head_dim)
@@ -135,7 +137,9 @@ def _launch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
     )  # fmt: skip
 
 
-def _store_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _store_torch(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     num_pages, page_size = k_cache.shape[:2]
     paged_rows_adjacent = k_cache.stride(0) == page_size * k_cache.stride(1)  # v_cache has the same strides
     runs = _contiguous_runs(indices) if paged_rows_adjacent and not indices.is_cuda else None
@@ -166,7 +170,13 @@ def _as_wide_rows(tensor: torch.Tensor) -> torch.Tensor | None:
     """``(rows, heads, head_dim)`` seen as ``(rows, row_bytes // 8)`` int64 words, when each row is contiguous."""
     rows, heads, dim = tensor.shape
     row_bytes = heads * dim * tensor.element_size()
-    if tensor.stride(2) != 1 or tensor.stride(1) != dim or row_bytes % 8 or tensor.data_ptr() % 8 or (tensor.stride(0) * tensor.element_size()) % 8:
+    if (
+        tensor.stride(2) != 1
+        or tensor.stride(1) != dim
+        or row_bytes % 8
+        or tensor.data_ptr() % 8
+        or (tensor.stride(0) * tensor.element_size()) % 8
+    ):
         return None
     return tensor.view(rows, heads * dim).view(torch.int64)
 
@@ -220,7 +230,9 @@ def _validate(
         if not isinstance(tensor, torch.Tensor):
             raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if k_cache.dim() not in (3, 4):
-        raise ArgumentError(f"k_cache must be (slots, heads, head_dim) or (pages, page_size, heads, head_dim), got shape {tuple(k_cache.shape)}")
+        raise ArgumentError(
+            f"k_cache must be (slots, heads, head_dim) or (pages, page_size, heads, head_dim), got shape {tuple(k_cache.shape)}"
+        )
     if v_cache.shape != k_cache.shape:
         raise ArgumentError(f"v_cache shape {tuple(v_cache.shape)} differs from k_cache shape {tuple(k_cache.shape)}")
     if v_cache.stride() != k_cache.stride():
@@ -234,7 +246,9 @@ def _validate(
     if v.shape[0] != k.shape[0]:
         raise ArgumentError(f"v has {v.shape[0]} tokens but k has {k.shape[0]}")
     if indices.dim() != 1 or len(indices) != k.shape[0]:
-        raise ArgumentError(f"{index_name} must be 1-D with {k.shape[0]} entries (one per token), got shape {tuple(indices.shape)}")
+        raise ArgumentError(
+            f"{index_name} must be 1-D with {k.shape[0]} entries (one per token), got shape {tuple(indices.shape)}"
+        )
     if indices.dtype not in (torch.int32, torch.int64):
         raise ArgumentTypeError(f"{index_name} must be int32 or int64, got {indices.dtype}")
     for name, tensor in (("v_cache", v_cache), ("k", k), ("v", v)):

@@ -39,11 +39,24 @@ from .tree import (
 )
 
 __all__ = [
-    "draw_tree", "draw_snapshot", "TreeDrawing", "TreeSnapshot", "NodeView", "TreeChanges", "diff_snapshots",
-    "node_id", "render_svg", "Vocab", "GraphvizMissingError",
-    "TreeRecorder", "Frame",
-    "FramePlayer", "PlayerFrame",
-    "plot_lifecycle", "plot_sizes", "plot_hit_rate",
+    "Frame",
+    "FramePlayer",
+    "GraphvizMissingError",
+    "NodeView",
+    "PlayerFrame",
+    "TreeChanges",
+    "TreeDrawing",
+    "TreeRecorder",
+    "TreeSnapshot",
+    "Vocab",
+    "diff_snapshots",
+    "draw_snapshot",
+    "draw_tree",
+    "node_id",
+    "plot_hit_rate",
+    "plot_lifecycle",
+    "plot_sizes",
+    "render_svg",
 ]  # fmt: skip
 
 # The storage pictures are written separately; re-export them only when that module exists.
@@ -53,6 +66,6 @@ except ModuleNotFoundError as error:
     if error.name != f"{__name__}.storage":
         raise
 else:
-    from .storage import *  # noqa: F401,F403  (its __all__ lists its public names)
+    from .storage import *  # noqa: F403  (its __all__ lists its public names)
 
     __all__ += list(getattr(storage, "__all__", ()))

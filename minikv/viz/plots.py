@@ -47,9 +47,7 @@ BAND_COLOURS = {
 """Colours of the slot bands, the saturated cousins of the tree drawing's fills."""
 
 
-def plot_lifecycle(
-    requests: Any, *, labels: Sequence[str] | None = None, vocab: VocabLike = None
-) -> Figure:
+def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab: VocabLike = None) -> Figure:
     """One row per request, one box per step of its ``trace``, in the order the steps ran.
 
     ``requests`` is a :class:`~minikv.lifecycle.Request` or a sequence of them.
@@ -143,9 +141,7 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
     return fig
 
 
-def plot_hit_rate(
-    requests: Any, *, labels: Sequence[str] | None = None, vocab: VocabLike = None
-) -> Figure:
+def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: VocabLike = None) -> Figure:
     """Per request, the share of prompt tokens found in the cache; the line is the running total.
 
     The running total weighs requests by length: total cached tokens over

@@ -38,14 +38,14 @@ from ..mha_pool import MHAKVCache
 
 __all__ = [
     "MemoryMap",
-    "element_offsets",
-    "memory_map",
     "contiguous_runs",
-    "slot_grid",
-    "simulated_ranks",
+    "draw_head_split",
     "draw_layouts",
     "draw_slots",
-    "draw_head_split",
+    "element_offsets",
+    "memory_map",
+    "simulated_ranks",
+    "slot_grid",
 ]
 
 _LAYER_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
@@ -169,8 +169,15 @@ def simulated_ranks(
     tp_size = as_positive(tp_size, "tp_size")
     return [
         MHAKVCache(
-            num_kv_heads, num_layers, head_dim, num_pages, dtype, KVCacheLayout.LayerFirst, device,
-            tp_rank=rank, tp_size=tp_size,
+            num_kv_heads,
+            num_layers,
+            head_dim,
+            num_pages,
+            dtype,
+            KVCacheLayout.LayerFirst,
+            device,
+            tp_rank=rank,
+            tp_size=tp_size,
         )  # fmt: skip
         for rank in range(tp_size)
     ]
@@ -302,7 +309,7 @@ def draw_head_split(ranks: Sequence[MHAKVCache]) -> Figure:
 # --------------------------------------------------------------------------- helpers
 
 
-def _draw_one_layout(ax, cache: MHAKVCache, layer: int, page: int, row_length: int) -> None:  # noqa: ANN001
+def _draw_one_layout(ax, cache: MHAKVCache, layer: int, page: int, row_length: int) -> None:
     owners = memory_map(cache)
     kv_stride = cache.kv_buffer.stride(0)
     labelled = kv_stride <= _MAX_LABELLED_CELLS

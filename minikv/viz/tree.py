@@ -73,9 +73,7 @@ LOOKS: Mapping[str, Look] = MappingProxyType(
 )
 """State -> colours. ``requests`` and ``free`` are not tree states; the size plot uses them."""
 
-EVENT_BORDERS: Mapping[str, str] = MappingProxyType(
-    {"inserted": "#7f56d9", "split": "#f79009", "walked": "#1570ef"}
-)
+EVENT_BORDERS: Mapping[str, str] = MappingProxyType({"inserted": "#7f56d9", "split": "#f79009", "walked": "#1570ef"})
 """What just happened to a node -> the colour of its thick border (and of the edge into it)."""
 
 STATE_WORDS: Mapping[str, str] = MappingProxyType(
@@ -394,9 +392,7 @@ def render_svg(dot_source: str) -> str:
             "drawing: the graphviz program 'dot' is not on PATH. Install it "
             "(Debian/Ubuntu/Colab: `apt-get install -y graphviz`; macOS: `brew install graphviz`) and retry."
         )
-    result = subprocess.run(
-        [executable, "-Tsvg"], input=dot_source.encode("utf-8"), capture_output=True, check=False
-    )
+    result = subprocess.run([executable, "-Tsvg"], input=dot_source.encode("utf-8"), capture_output=True, check=False)
     if result.returncode != 0:
         raise ArgumentError(f"drawing: dot rejected the DOT source: {result.stderr.decode(errors='replace').strip()}")
     return _GRAPHVIZ_VERSION_COMMENT.sub("", result.stdout.decode("utf-8"))
@@ -636,4 +632,3 @@ def _html(text: str) -> str:
 def _dot_text(text: str) -> str:
     """Plain text for a DOT attribute: backslashes kept literal, never read as an HTML-like label."""
     return graphviz.nohtml(text.replace("\\", "\\\\"))
-
