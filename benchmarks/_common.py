@@ -7,6 +7,7 @@ than it moves the mean. Every result file records the machine it came from.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -48,10 +49,8 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
-    try:
+    with contextlib.suppress(OSError):
         info["load_average_1min"] = os.getloadavg()[0]
-    except OSError:
-        pass
     return info
 
 
@@ -80,7 +79,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: dict[
 
     cells = [[cell(row, c) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |"]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |" for r in cells]
+    lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |" for r in cells]
     return "\n".join(lines)

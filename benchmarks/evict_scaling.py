@@ -97,7 +97,7 @@ def time_evictions(manager: RadixCacheManager, keys_by_slot: dict[int, np.ndarra
             evicted = manager.evict(1)
             samples.append(clock() - start)
             key = keys_by_slot[int(evicted[0])]
-            handle, matched = manager.match_prefix(key)
+            _, matched = manager.match_prefix(key)
             manager.insert_prefix(key, torch.cat([matched, evicted]))
     finally:
         gc.enable()
@@ -145,10 +145,16 @@ def main() -> None:
         "heap_us_per_doubling": slope([math.log2(r["leaves"]) for r in rows], [r["heap_us"] for r in rows]),
     }
     print()
-    print(table(rows, ["leaves", "heap_us", "full_scan_us", "ratio"],
-                {"heap_us": ".2f", "full_scan_us": ".1f", "ratio": ".0f"}))  # fmt: skip
     print(
-        f"\ngrowth: log-log slope heap {growth['heap_loglog_slope']:.2f}, full scan {growth['full_scan_loglog_slope']:.2f}"
+        table(
+            rows,
+            ["leaves", "heap_us", "full_scan_us", "ratio"],
+            {"heap_us": ".2f", "full_scan_us": ".1f", "ratio": ".0f"},
+        )
+    )
+    print(
+        f"\ngrowth: log-log slope heap {growth['heap_loglog_slope']:.2f}, "
+        f"full scan {growth['full_scan_loglog_slope']:.2f}"
         f"; full scan ≈ {growth['full_scan_us_per_leaf'] * 1000:.2f} ns per leaf"
         f"; heap +{growth['heap_us_per_doubling']:.3f} µs per doubling of n"
     )

@@ -174,7 +174,7 @@ class _Timed:
 
 
 def breakdown(variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int = 5) -> dict[str, float]:
-    """µs per request spent in each manager method, in the pool, and in the glue: each the minimum over ``repeats`` runs."""
+    """µs per request in each manager method, in the pool and in the glue: each the minimum over ``repeats`` runs."""
     runs = [_breakdown_once(variant, num_pages, requests) for _ in range(repeats)]
     return {key: min(run[key] for run in runs) for key in runs[0]}
 
@@ -263,14 +263,44 @@ def main() -> None:
                 flush=True,
             )
 
-    columns = ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive", "manager_us", "target_us",
-               "hit_rate", "optimal_hit_rate", "hit_vs_optimal", "evicted_slots"]  # fmt: skip
-    formats = {"us_per_request": ".1f", "us_per_request_min": ".1f", "vs_naive": ".2f", "hit_rate": ".3f",
-               "optimal_hit_rate": ".3f", "hit_vs_optimal": ".3f", "manager_us": ".1f", "target_us": ".1f"}  # fmt: skip
+    columns = [
+        "workload",
+        "variant",
+        "requests",
+        "us_per_request",
+        "us_per_request_min",
+        "vs_naive",
+        "manager_us",
+        "target_us",
+        "hit_rate",
+        "optimal_hit_rate",
+        "hit_vs_optimal",
+        "evicted_slots",
+    ]
+    formats = {
+        "us_per_request": ".1f",
+        "us_per_request_min": ".1f",
+        "vs_naive": ".2f",
+        "hit_rate": ".3f",
+        "optimal_hit_rate": ".3f",
+        "hit_vs_optimal": ".3f",
+        "manager_us": ".1f",
+        "target_us": ".1f",
+    }
     print()
     print(table(rows, columns, formats))
-    split_columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",
-                     "manager.insert_prefix", "manager.evict", "pool_total", "lifecycle_glue", "instrumented_total"]  # fmt: skip
+    split_columns = [
+        "workload",
+        "variant",
+        "manager_total",
+        "manager.match_prefix",
+        "manager.lock_handle",
+        "manager.insert_prefix",
+        "manager.evict",
+        "pool_total",
+        "lifecycle_glue",
+        "instrumented_total",
+    ]
     print("\nWhere the time goes (µs per request, instrumented pass; each timed call adds ~0.1-0.3 µs):")
     print(table(splits, split_columns, dict.fromkeys(split_columns[2:], ".1f")))
     path = write_results(

@@ -25,8 +25,10 @@ def machine_line(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     load = f", load average {m['load_average_1min']:.1f}" if "load_average_1min" in m else ""
     gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
-    return (f"_{doc['created']}: {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']} with {m['torch_threads']} "
-            f"thread(s), Python {m['python']}{gpu}{load}._")  # fmt: skip
+    return (
+        f"_{doc['created']}: {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']} with {m['torch_threads']} "
+        f"thread(s), Python {m['python']}{gpu}{load}._"
+    )
 
 
 def replay_section(doc: dict[str, Any]) -> list[str]:
@@ -34,13 +36,48 @@ def replay_section(doc: dict[str, Any]) -> list[str]:
     out = ["### replay.py", "", machine_line(doc), ""]
     if doc.get("quick"):
         out += ["**Quick run (a tenth of the requests): a smoke test, not a result.**", ""]
-    out.append(table(rows, ["workload", "variant", "requests", "us_per_request", "us_per_request_min", "vs_naive",
-                            "manager_us", "target_us", "hit_rate", "optimal_hit_rate", "hit_vs_optimal", "evicted_slots"],
-                     {"us_per_request": ".1f", "us_per_request_min": ".1f", "vs_naive": ".2f", "hit_rate": ".3f",
-                      "optimal_hit_rate": ".3f", "hit_vs_optimal": ".3f", "manager_us": ".1f", "target_us": ".1f"}))  # fmt: skip
+    out.append(
+        table(
+            rows,
+            [
+                "workload",
+                "variant",
+                "requests",
+                "us_per_request",
+                "us_per_request_min",
+                "vs_naive",
+                "manager_us",
+                "target_us",
+                "hit_rate",
+                "optimal_hit_rate",
+                "hit_vs_optimal",
+                "evicted_slots",
+            ],
+            {
+                "us_per_request": ".1f",
+                "us_per_request_min": ".1f",
+                "vs_naive": ".2f",
+                "hit_rate": ".3f",
+                "optimal_hit_rate": ".3f",
+                "hit_vs_optimal": ".3f",
+                "manager_us": ".1f",
+                "target_us": ".1f",
+            },
+        )
+    )
     out += ["", "Where the time goes (µs per request, instrumented passes, each figure the minimum of five):", ""]
-    columns = ["workload", "variant", "manager_total", "manager.match_prefix", "manager.lock_handle",
-               "manager.insert_prefix", "manager.evict", "pool_total", "lifecycle_glue", "instrumented_total"]  # fmt: skip
+    columns = [
+        "workload",
+        "variant",
+        "manager_total",
+        "manager.match_prefix",
+        "manager.lock_handle",
+        "manager.insert_prefix",
+        "manager.evict",
+        "pool_total",
+        "lifecycle_glue",
+        "instrumented_total",
+    ]
     out.append(table(doc["breakdown_us"], columns, dict.fromkeys(columns[2:], ".1f")))
     return out
 
@@ -48,23 +85,35 @@ def replay_section(doc: dict[str, Any]) -> list[str]:
 def evict_section(doc: dict[str, Any]) -> list[str]:
     g = doc["growth"]
     return [
-        "### evict_scaling.py", "", machine_line(doc), "",
-        table(doc["rows"], ["leaves", "heap_us", "full_scan_us", "ratio"],
-              {"heap_us": ".2f", "full_scan_us": ".1f", "ratio": ".0f"}),
+        "### evict_scaling.py",
+        "",
+        machine_line(doc),
+        "",
+        table(
+            doc["rows"],
+            ["leaves", "heap_us", "full_scan_us", "ratio"],
+            {"heap_us": ".2f", "full_scan_us": ".1f", "ratio": ".0f"},
+        ),
         "",
         f"Growth: slope of log(cost) against log(n) is {g['heap_loglog_slope']:.2f} for the heap and "
         f"{g['full_scan_loglog_slope']:.2f} for the full scan (1 = linear); the full scan costs "
         f"≈ {g['full_scan_us_per_leaf'] * 1000:.0f} ns per leaf, the heap +{g['heap_us_per_doubling']:.2f} µs "
         "per doubling of n.",
-    ]  # fmt: skip
+    ]
 
 
 def store_section(doc: dict[str, Any], title: str) -> list[str]:
     return [
-        f"### {title}", "", machine_line(doc), "",
-        table(doc["rows"], ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
-              {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}),
-    ]  # fmt: skip
+        f"### {title}",
+        "",
+        machine_line(doc),
+        "",
+        table(
+            doc["rows"],
+            ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
+            {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"},
+        ),
+    ]
 
 
 def main() -> None:
@@ -72,11 +121,11 @@ def main() -> None:
     for name, render in (("replay", replay_section), ("evict_scaling", evict_section)):
         doc = load(name)
         if doc:
-            parts += render(doc) + [""]
+            parts += [*render(doc), ""]
     for name, title in (("store", "store.py (CPU)"), ("store_cuda", "store.py (CUDA)")):
         doc = load(name)
         if doc:
-            parts += store_section(doc, title) + [""]
+            parts += [*store_section(doc, title), ""]
     text = README.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)

@@ -93,12 +93,18 @@ MODELS: dict[str, ModelShape] = {
     for shape in (
         ModelShape(
             "Llama-2-7B", "MHA", num_layers=32, num_kv_heads=32, head_dim=128,
-            source="meta-llama/Llama-2-7b-hf config.json: num_hidden_layers 32, num_key_value_heads 32, hidden_size 4096 / num_attention_heads 32; intermediate_size 11008, vocab_size 32000",
+            source=(
+                "meta-llama/Llama-2-7b-hf config.json: num_hidden_layers 32, num_key_value_heads 32, "
+                "hidden_size 4096 / num_attention_heads 32; intermediate_size 11008, vocab_size 32000"
+            ),
             hidden_size=4096, num_attention_heads=32, intermediate_size=11008, vocab_size=32000,
         ),
         ModelShape(
             "Llama-3-8B", "GQA", num_layers=32, num_kv_heads=8, head_dim=128,
-            source="meta-llama/Meta-Llama-3-8B config.json: num_hidden_layers 32, num_key_value_heads 8, hidden_size 4096 / num_attention_heads 32; intermediate_size 14336, vocab_size 128256",
+            source=(
+                "meta-llama/Meta-Llama-3-8B config.json: num_hidden_layers 32, num_key_value_heads 8, "
+                "hidden_size 4096 / num_attention_heads 32; intermediate_size 14336, vocab_size 128256"
+            ),
             hidden_size=4096, num_attention_heads=32, intermediate_size=14336, vocab_size=128256,
         ),
         ModelShape(

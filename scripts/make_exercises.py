@@ -183,7 +183,7 @@ def out_of_date(name: str) -> list[str]:
         problems.append("its kernelspec name is not python3")
     if len(stored.cells) != len(fresh.cells):
         problems.append(f"it has {len(stored.cells)} cells, the solution makes {len(fresh.cells)}")
-    for i, (old, new) in enumerate(zip(stored.cells, fresh.cells)):
+    for i, (old, new) in enumerate(zip(stored.cells, fresh.cells, strict=False)):
         if _cell_signature(old) != _cell_signature(new):
             problems.append(f"cell {i} differs from what the solution makes")
             break

@@ -23,8 +23,8 @@ def test_same_seed_same_requests_other_seed_other_requests(name: str) -> None:
     make = GENERATORS[name]
     first, again, other = make(1), make(1), make(2)
     assert len(first) == len(again)
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
-    assert any(len(a) != len(b) or not np.array_equal(a, b) for a, b in zip(first, other))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert any(len(a) != len(b) or not np.array_equal(a, b) for a, b in zip(first, other, strict=False))
 
 
 @pytest.mark.parametrize("name", GENERATORS)

@@ -153,7 +153,10 @@ def _rows_in_a_radix_tree(prompts: list[list[int]]) -> int:
 def _ratio_hint(expected: int, got: int) -> str:
     """Name the usual slips when the answer is off by a telling factor."""
     if got > 0 and expected % got == 0 and expected // got in (2, 4):
-        return f": it is 1/{expected // got} of the right answer. Did you count both K and V, and every layer, and use the dtype's element size?"
+        return (
+            f": it is 1/{expected // got} of the right answer. "
+            "Did you count both K and V, and every layer, and use the dtype's element size?"
+        )
     if expected > 0 and got % expected == 0 and got // expected in (2, 4):
         return (
             f": it is {got // expected} times the right answer. Is something counted twice, or the element size wrong?"

@@ -114,7 +114,8 @@ def _naive_cases() -> list[Case]:
                 except LearnerRaised as learner:
                     if isinstance(learner.error, OutOfSlotsError):
                         raise Mismatch(
-                            f"request {number} found the pool out of slots: the earlier requests' slots were never given back.",
+                            f"request {number} found the pool out of slots: "
+                            "the earlier requests' slots were never given back.",
                             f"{num_pages} free pages before each request",
                             f"{pool.num_free_pages} free pages",
                         ) from None
@@ -122,7 +123,8 @@ def _naive_cases() -> list[Case]:
                 expect_equal(f"the cached_len of request {number}", 0, request.cached_len)
                 if pool.num_free_pages != num_pages:
                     raise Mismatch(
-                        f"after request {number} finished, {num_pages - pool.num_free_pages} slots were never given back: "
+                        f"after request {number} finished, {num_pages - pool.num_free_pages} slots "
+                        "were never given back: "
                         "finish frees indices[cached_len:already_cached], so insert_prefix must return len(indices).",
                         f"{num_pages} free pages",
                         f"{pool.num_free_pages} free pages",
