@@ -25,18 +25,21 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from ..base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
+from ..snapshot import TreeChanges, TreeSnapshot, VocabLike, diff_snapshots, node_path, token_namer, words
 from .player import FramePlayer, PlayerFrame
-from .tree import TreeChanges, TreeDrawing, TreeSnapshot, VocabLike, diff_snapshots, draw_snapshot, token_namer, words
+from .tree import TreeDrawing, draw_snapshot
 
 Described = tuple[str, Sequence[int]]
 """A caption, and the token prefix the operation matched (its nodes are drawn as the walked path)."""
+
+R = TypeVar("R")
 
 CAPTION_TOKENS = 12
 """Captions show at most this many tokens of a sequence, then "… (+N)"."""
@@ -71,7 +74,7 @@ class Frame:
     @property
     def dot(self) -> str:
         """The DOT source of :attr:`drawing`."""
-        return self.drawing.source
+        return str(self.drawing.source)
 
     def svg(self) -> str:
         return self.drawing.svg()
@@ -144,7 +147,7 @@ class TreeRecorder(BaseCacheManager):
 
     # -- recorded operations -----------------------------------------------------
 
-    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[BaseCacheHandle, torch.Tensor]:
+    def match_prefix(self, input_ids: Any) -> tuple[BaseCacheHandle, torch.Tensor]:
         ids = _token_list(input_ids)
         head = f"match [{self._words(ids)}]"
 
@@ -154,9 +157,13 @@ class TreeRecorder(BaseCacheManager):
             hit = f"{cached} of {total} tokens cached" if cached else f"nothing cached (0 of {total} tokens)"
             return _join(head, [*self._split_words(changes), hit]), (ids or [])[:cached]
 
-        return self._run("match", head, lambda: self.manager.match_prefix(input_ids), describe)
+        found: tuple[BaseCacheHandle, torch.Tensor] = self._run(
+            "match", head, lambda: self.manager.match_prefix(input_ids), describe
+        )
+        return found
 
-    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+    def insert_prefix(self, input_ids: Any, indices: Any, *, handle: BaseCacheHandle | None = None) -> int:
+        """Insert and record it; ``handle`` (the request's own locked match) is passed on when given."""
         ids = _token_list(input_ids)
         head = f"insert [{self._words(ids)}]"
 
@@ -173,7 +180,15 @@ class TreeRecorder(BaseCacheManager):
                 parts.append(f"last {_plural(tail, 'token')} not inserted (a partial page)")
             return _join(head, parts), (ids or [])[:already]
 
-        return self._run("insert", head, lambda: self.manager.insert_prefix(input_ids, indices), describe)
+        manager: Any = self.manager  # `handle=` is newer than BaseCacheManager's signature
+
+        def call() -> int:
+            if handle is None:
+                return int(manager.insert_prefix(input_ids, indices))
+            return int(manager.insert_prefix(input_ids, indices, handle=handle))
+
+        already: int = self._run("insert", head, call, describe)
+        return already
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
         operation = "unlock" if unlock else "lock"
@@ -215,13 +230,15 @@ class TreeRecorder(BaseCacheManager):
                 parts.append(f"freed {_plural(len(freed), 'slot')}: whole nodes go")
             return _join(head, parts), ()
 
-        return self._run("evict", head, lambda: self.manager.evict(size), describe)
+        freed: torch.Tensor = self._run("evict", head, lambda: self.manager.evict(size), describe)
+        return freed
 
     def reset(self) -> torch.Tensor:
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
             return f"reset: removed {_plural(before.num_nodes, 'node')} ({_plural(len(freed), 'slot')})", ()
 
-        return self._run("reset", "reset", self.manager.reset, describe)
+        freed: torch.Tensor = self._run("reset", "reset", self.manager.reset, describe)
+        return freed
 
     # -- narration and playback ----------------------------------------------------
 
@@ -264,9 +281,9 @@ class TreeRecorder(BaseCacheManager):
         self,
         operation: str,
         head: str,
-        call: Callable[[], Any],
-        describe: Callable[[TreeSnapshot, TreeSnapshot, TreeChanges, Any], Described],
-    ) -> Any:
+        call: Callable[[], R],
+        describe: Callable[[TreeSnapshot, TreeSnapshot, TreeChanges, R], Described],
+    ) -> R:
         before = TreeSnapshot.of(self.manager)
         try:
             result = call()
@@ -302,7 +319,7 @@ class TreeRecorder(BaseCacheManager):
     def _split_words(self, changes: TreeChanges) -> list[str]:
         return [
             f"split [{self._words(old.tokens)}] after {_plural(len(upper) - old.start, 'token')}"
-            for (upper, _), old in zip(changes.split, changes.split_before)
+            for (upper, _), old in zip(changes.split, changes.split_before, strict=True)
         ]
 
 
@@ -333,8 +350,4 @@ def _handle_tokens(handle: Any) -> tuple[int, ...] | None:
     node = getattr(handle, "node", None)
     if node is None or not hasattr(node, "key"):
         return None
-    pieces = []
-    while node is not None and getattr(node, "parent", None) is not None:
-        pieces.append([int(t) for t in node.key.tolist()])
-        node = node.parent
-    return tuple(t for piece in reversed(pieces) for t in piece)
+    return node_path(node)
