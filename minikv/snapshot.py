@@ -20,8 +20,9 @@ and :func:`outline` prints a snapshot as indented text::
 
     >>> manager = RadixCacheManager()
     >>> manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    0
     >>> print(outline(TreeSnapshot.of(manager)))
-    root (ref_count 0)
+    root (ref_count 1)
     └─ [1, 2, 3] · slots [0, 1, 2] · ref 0 · t=1
     evictable_size 3, protected_size 0
 """

@@ -164,3 +164,12 @@ def test_node_path_and_views() -> None:
 def test_needs_a_tree() -> None:
     with pytest.raises(ArgumentTypeError, match="RadixCacheManager"):
         TreeSnapshot.of(object())
+
+
+def test_the_module_example_runs() -> None:
+    import doctest
+
+    import minikv.snapshot
+
+    result = doctest.testmod(minikv.snapshot, extraglobs={"RadixCacheManager": RadixCacheManager})
+    assert result.attempted == 3 and result.failed == 0
