@@ -39,8 +39,10 @@ from .base import SizeInfo
 from .errors import ArgumentTypeError, IntegrityError
 
 __all__ = [
+    "SLOT_STATES",
     "NodeView",
     "Path",
+    "SlotOwnership",
     "TreeChanges",
     "TreeSnapshot",
     "VocabLike",
@@ -323,6 +325,80 @@ def node_path(node: Any, *, limit: int | None = None) -> Path:
         pieces.append([int(t) for t in node.key.tolist()])
         node = node.parent
     return tuple(t for piece in reversed(pieces) for t in piece)
+
+
+# -- who owns each slot of the pool ---------------------------------------------------------
+
+SLOT_STATES: Mapping[str, str] = MappingProxyType(
+    {
+        "free": "free in the pool",
+        "evictable": "in the tree, evictable (ref 0)",
+        "locked": "in the tree, locked (ref > 0)",
+        "request": "owned by a running request",
+        "conflict": "free AND in the tree, or in two nodes (a bug)",
+    }
+)
+"""Each state a slot can be in, and its meaning, in the order a strip's legend lists them."""
+
+
+@dataclass(frozen=True)
+class SlotOwnership:
+    """Who owns each slot of a page pool at one moment: the pool, the tree, or a running request.
+
+    A slot is ``free`` (in the pool's free list), ``evictable`` or ``locked``
+    (held by a node of the tree whose ``ref_count`` is 0, or more), or
+    ``request``: neither free nor in the tree, so a running request owns it
+    (it was allocated and not yet inserted or freed). ``conflict`` is a slot
+    with two owners at once -- free and in the tree, or in two nodes -- which
+    is the bug the book's errata show.
+    """
+
+    states: tuple[str, ...]
+    """One state per slot, slot 0 first."""
+    page_size: int = 1
+
+    @classmethod
+    def of(cls, snapshot: TreeSnapshot | None, pool: Any) -> SlotOwnership:
+        """Read ``pool`` (a :class:`~minikv.PagePool`) and ``snapshot`` (``None``: no tree, e.g. a naive manager)."""
+        if not hasattr(pool, "free_slots") or not hasattr(pool, "num_slots"):
+            raise ArgumentTypeError(f"pool must be a PagePool, got {type(pool).__name__}")
+        num_slots = int(pool.num_slots)
+        free = {int(slot) for slot in pool.free_slots().tolist()}
+        held: dict[int, list[int]] = {}
+        for view in snapshot.views() if snapshot is not None else ():
+            for slot in view.slots:
+                held.setdefault(slot, []).append(view.ref_count)
+        states = []
+        for slot in range(num_slots):
+            refs = held.get(slot, [])
+            if len(refs) > 1 or (refs and slot in free):
+                states.append("conflict")
+            elif refs:
+                states.append("locked" if refs[0] > 0 else "evictable")
+            else:
+                states.append("free" if slot in free else "request")
+        return cls(tuple(states), int(getattr(pool, "page_size", 1)))
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.states)
+
+    def slots(self, state: str) -> list[int]:
+        """The slots in ``state`` (one of :data:`SLOT_STATES`), in order."""
+        if state not in SLOT_STATES:
+            raise ArgumentTypeError(f"state must be one of {list(SLOT_STATES)}, got {state!r}")
+        return [slot for slot, s in enumerate(self.states) if s == state]
+
+    def counts(self) -> dict[str, int]:
+        """How many slots are in each state."""
+        return {state: self.states.count(state) for state in SLOT_STATES}
+
+    def __str__(self) -> str:
+        """One letter per slot -- ``.`` free, ``e`` evictable, ``L`` locked, ``r`` request, ``!`` conflict."""
+        return "".join(_SLOT_LETTERS[s] for s in self.states)
+
+
+_SLOT_LETTERS = {"free": ".", "evictable": "e", "locked": "L", "request": "r", "conflict": "!"}
 
 
 # -- what one operation changed ----------------------------------------------------------

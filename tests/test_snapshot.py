@@ -173,3 +173,42 @@ def test_the_module_example_runs() -> None:
 
     result = doctest.testmod(minikv.snapshot, extraglobs={"RadixCacheManager": RadixCacheManager})
     assert result.attempted == 3 and result.failed == 0
+
+
+# -- who owns each slot ------------------------------------------------------------------
+
+
+def test_slot_ownership_names_every_owner() -> None:
+    from minikv import PagePool, admit, finish
+    from minikv.snapshot import SLOT_STATES, SlotOwnership
+
+    manager, pool = RadixCacheManager(), PagePool(10)
+    first = admit(manager, pool, [1, 2, 3])
+    finish(manager, pool, first)  # [1 2 3] cached in slots 0-2, unlocked
+    running = admit(manager, pool, [1, 2, 7, 8])  # matches [1 2] (locks it), holds 2 new slots
+    owners = SlotOwnership.of(TreeSnapshot.of(manager), pool)
+    assert owners.num_slots == 10 and tuple(owners.counts()) == tuple(SLOT_STATES)
+    new = running.indices[running.cached_len :].tolist()
+    assert owners.slots("locked") == [0, 1]  # the running request's matched prefix
+    assert owners.slots("evictable") == [2]
+    assert owners.slots("request") == sorted(new)
+    assert owners.slots("free") == sorted(pool.free_slots().tolist())
+    assert str(owners) == "LLe" + "".join("r" if s in new else "." for s in range(3, 10))
+    assert owners.counts() == {"free": 5, "evictable": 1, "locked": 2, "request": 2, "conflict": 0}
+
+
+def test_a_slot_with_two_owners_is_a_conflict() -> None:
+    from minikv import PagePool
+    from minikv.snapshot import SlotOwnership
+
+    manager, pool = RadixCacheManager(), PagePool(4)
+    slots = pool.allocate(2)
+    manager.insert_prefix([5, 6], slots)
+    pool.free(slots[:1])  # the step-5 slice bug: a slot the tree still holds goes back to the pool
+    owners = SlotOwnership.of(TreeSnapshot.of(manager), pool)
+    assert owners.slots("conflict") == [int(slots[0])]
+    assert SlotOwnership.of(None, pool).slots("free") == sorted(pool.free_slots().tolist())  # no tree
+    with pytest.raises(ArgumentTypeError):
+        SlotOwnership.of(None, object())
+    with pytest.raises(ArgumentTypeError, match="state"):
+        owners.slots("borrowed")

@@ -61,3 +61,26 @@ def test_player_from_tuples_and_errors(tmp_path) -> None:
         FramePlayer([("plain text", "caption")])
     with pytest.raises(ArgumentError, match="interval_ms"):
         FramePlayer([(a, "one")], interval_ms=0)
+
+
+def test_player_numbers_captions_and_opens_where_asked() -> None:
+    a, b = draw_tree(manager_with([0])), draw_tree(manager_with([0, 1]))
+    player = FramePlayer([(a, "one"), (b, "two")], open_at=1)
+    assert player.caption(0) == "1. one" and player.caption(1) == "2. two"  # as the counter counts
+    assert '<figcaption class="mkp-caption">2. two</figcaption>' in player.html
+    assert 'value="1"' in player.html and '<span class="mkp-counter">2 / 2</span>' in player.html
+    assert "show(1);" in player.html
+    assert player.html != FramePlayer([(a, "one"), (b, "two")]).html
+    with pytest.raises(ArgumentError, match="open_at"):
+        FramePlayer([(a, "one")], open_at=1)
+
+
+def test_recorder_player_opens_on_the_first_frame_that_shows_something(scenario: TreeRecorder) -> None:
+    player = scenario.player()
+    assert player.open_at == 1  # frame 0 is the empty tree
+    assert player.caption(0) == "0. start: the tree is empty"  # numbered as the recorder numbers frames
+    assert "show(1);" in player.html
+    assert scenario.player(open_at=0).open_at == 0
+    assert scenario.player(start=7, open_at=8).open_at == 1
+    with pytest.raises(ArgumentError, match="open_at"):
+        scenario.player(start=7, open_at=2)

@@ -239,3 +239,20 @@ def test_insert_passes_the_handle_on() -> None:
     assert rec.insert_prefix(HWHAY, [0, 1, 4, 5, 6], handle=handle) == 2
     assert manager.handles == [None, handle]
     assert rec.frames[-1].caption.startswith("insert [Hello world how are you]: added [how are you] (3 slots)")
+
+
+def test_frames_carry_the_slot_strip_when_given_a_pool() -> None:
+    vocab = Vocab()
+    manager, pool = RadixCacheManager(), PagePool(6)
+    rec = TreeRecorder(manager, vocab, pool=pool)
+    request = admit(rec, pool, vocab.encode("Hello world"))  # frames: match, lock (then the pool allocates)
+    rec.note("admitted: its 2 slots are the request's until it finishes")
+    finish(rec, pool, request)  # frames: insert, unlock
+    assert [(f.operation, str(f.slots)) for f in rec.frames] == [
+        ("start", "......"), ("match", "......"), ("lock", "......"),
+        ("note", "rr...."), ("insert", "ee...."), ("unlock", "ee...."),
+    ]  # fmt: skip
+    assert "owned by a running request: 2" in rec.frames[3].dot
+    assert rec.player().open_at == 3  # the first frame where a slot is taken
+    plain = TreeRecorder(RadixCacheManager(), vocab)
+    assert plain.frames[0].slots is None and "running request" not in plain.frames[0].dot

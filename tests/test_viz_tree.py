@@ -22,13 +22,15 @@ from viz_scenario import (
     run_scenario,
 )
 
-from minikv import RadixCacheManager
+from minikv import NaiveCacheManager, PagePool, RadixCacheManager, admit, finish
 from minikv.errors import ArgumentError, ArgumentTypeError, MiniKVError
 from minikv.viz import (
     GraphvizMissingError,
     TreeDrawing,
     TreeRecorder,
+    TreeSnapshot,
     Vocab,
+    draw_snapshot,
     draw_tree,
     node_id,
 )
@@ -179,3 +181,47 @@ def test_children_are_ordered_by_token() -> None:
     order = [re.findall(r"^\t(n_\w+) \[", draw_tree(m).source, re.M) for m in (first, second)]
     assert order[0] == order[1]
     assert order[0] == [node_id(p) for p in ((2,), (5,), (5, 1), (5, 3), (5, 9))]
+
+
+# -- the slot strip ---------------------------------------------------------------------
+
+
+def strip_cells(dot: str) -> list[tuple[str, str]]:
+    """(fill colour, slot number) of each cell of the slot strip, in order."""
+    return re.findall(r'<TD BGCOLOR="(#\w+)" COLOR="#\w+" BORDER="1" WIDTH="22"[^>]*><FONT[^>]*>(\d+)</FONT>', dot)
+
+
+def test_the_slot_strip_colours_each_owner() -> None:
+    from minikv.viz.tree import SLOT_LOOKS
+
+    vocab = Vocab()
+    manager, pool = RadixCacheManager(), PagePool(8)
+    finish(manager, pool, admit(manager, pool, vocab.encode("Hello world how")))
+    running = admit(manager, pool, vocab.encode("Hello world there you"))  # locks [Hello world], 2 new slots
+    dot = draw_tree(manager, vocab, pool=pool).source
+    cells = strip_cells(dot)
+    assert [int(n) for _, n in cells] == list(range(8))
+    fills = [fill for fill, _ in cells]
+    owner = dict.fromkeys(pool.free_slots().tolist(), "free")
+    owner.update({0: "locked", 1: "locked", 2: "evictable"})
+    owner.update(dict.fromkeys(running.indices[running.cached_len :].tolist(), "request"))
+    assert fills == [SLOT_LOOKS[owner[s]].fill for s in range(8)]
+    assert "owned by a running request: 2" in dot and "in the tree, locked (ref &gt; 0): 2" in dot
+    assert not strip_cells(draw_tree(manager, vocab).source)  # no pool, no strip
+    assert strip_cells(draw_tree(manager, vocab, pool=pool, legend=False).source) == cells
+    assert "running request" not in draw_tree(manager, vocab, pool=pool, legend=False).source
+
+
+def test_the_strip_wraps_and_draw_pool_needs_no_tree() -> None:
+    from minikv.viz.tree import draw_pool
+
+    pool = PagePool(40)
+    dot = draw_pool(pool, NaiveCacheManager(), title="the naive manager holds nothing").source
+    assert [int(n) for _, n in strip_cells(dot)] == list(range(40))
+    assert dot.count("<TR><TD></TD>") == 2  # 40 slots: rows of 16, 16 and 8
+    assert "free in the pool: 40" in dot and "protected: locked" not in dot  # no tree legend
+    assert "<svg" in draw_pool(pool).svg()
+    paged = draw_pool(PagePool(10, page_size=3)).source
+    assert paged.count("<TR><TD></TD>") == 1  # 30 slots in rows of 15: whole pages of 3
+    with pytest.raises(ArgumentTypeError, match="slots"):
+        draw_snapshot(TreeSnapshot.of(RadixCacheManager()), slots=pool)

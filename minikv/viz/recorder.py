@@ -32,7 +32,16 @@ import torch
 
 from ..base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
-from ..snapshot import TreeChanges, TreeSnapshot, VocabLike, diff_snapshots, node_path, token_namer, words
+from ..snapshot import (
+    SlotOwnership,
+    TreeChanges,
+    TreeSnapshot,
+    VocabLike,
+    diff_snapshots,
+    node_path,
+    token_namer,
+    words,
+)
 from .player import FramePlayer, PlayerFrame
 from .tree import TreeDrawing, draw_snapshot
 
@@ -61,6 +70,8 @@ class Frame:
     """The exception the operation raised (the frame then shows the unchanged tree)."""
     vocab: VocabLike = field(default=None, repr=False)
     max_columns: int = field(default=8, repr=False)
+    slots: SlotOwnership | None = field(default=None, repr=False)
+    """Who owns each slot of the pool (when the recorder was given one): drawn as a strip above the tree."""
 
     @property
     def size_info(self) -> SizeInfo:
@@ -69,7 +80,9 @@ class Frame:
     @cached_property
     def drawing(self) -> TreeDrawing:
         """The tree, with this operation's changes highlighted (built on first use)."""
-        return draw_snapshot(self.snapshot, self.vocab, changes=self.changes, max_columns=self.max_columns)
+        return draw_snapshot(
+            self.snapshot, self.vocab, changes=self.changes, max_columns=self.max_columns, slots=self.slots
+        )
 
     @property
     def dot(self) -> str:
@@ -100,7 +113,9 @@ class TreeRecorder(BaseCacheManager):
 
     ``vocab`` turns token ids into words in drawings and captions. ``pool``
     (optional, a :class:`~minikv.PagePool`) adds its free-slot count to each
-    frame. ``frames[0]`` is the starting state; each manager call adds one.
+    frame, and a strip of its slots to each drawing: free, in the tree
+    (evictable or locked), or owned by a running request. ``frames[0]`` is the
+    starting state; each manager call adds one.
     """
 
     def __init__(self, manager: BaseCacheManager, vocab: VocabLike = None, *, pool: Any = None, max_columns: int = 8):
@@ -260,16 +275,35 @@ class TreeRecorder(BaseCacheManager):
             self._label = outer
 
     def player(
-        self, start: int = 0, stop: int | None = None, *, title: str | None = None, interval_ms: int = 1200
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        title: str | None = None,
+        interval_ms: int = 1200,
+        open_at: int | None = None,
     ) -> FramePlayer:
-        """An HTML player over ``frames[start:stop]`` (renders each frame's SVG with ``dot``)."""
+        """An HTML player over ``frames[start:stop]`` (renders each frame's SVG with ``dot``).
+
+        Captions carry the frame numbers (``frames[i]`` is shown as ``i.``).
+        ``open_at`` is the frame number shown first; by default the first frame
+        that shows something: a tree with a node, or a slot that is not free.
+        """
         chosen = self.frames[start:stop]
         if not chosen:
             raise ArgumentError(f"start/stop: frames[{start}:{stop}] is empty (there are {len(self.frames)} frames)")
+        numbers = [f.index for f in chosen]
+        if open_at is None:
+            position = next((i for i, f in enumerate(chosen) if _shows_something(f)), 0)
+        elif open_at in numbers:
+            position = numbers.index(open_at)
+        else:
+            raise ArgumentError(f"open_at: frame {open_at!r} is not among frames {numbers[0]}..{numbers[-1]}")
         return FramePlayer(
-            [PlayerFrame(f.svg(), f"{f.index}. {f.caption}", f.sizes_text) for f in chosen],
+            [PlayerFrame(f.svg(), f.caption, f.sizes_text, number=f.index) for f in chosen],
             title=title,
             interval_ms=interval_ms,
+            open_at=position,
         )
 
     def __repr__(self) -> str:
@@ -304,8 +338,9 @@ class TreeRecorder(BaseCacheManager):
         self, operation: str, caption: str, snapshot: TreeSnapshot, changes: TreeChanges, error: str | None = None
     ) -> Frame:
         free = int(self.pool.num_free_slots) if self.pool is not None else None
+        slots = SlotOwnership.of(snapshot, self.pool) if self.pool is not None else None
         frame = Frame(
-            len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns
+            len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns, slots
         )
         self.frames.append(frame)
         return frame
@@ -321,6 +356,13 @@ class TreeRecorder(BaseCacheManager):
             f"split [{self._words(old.tokens)}] after {_plural(len(upper) - old.start, 'token')}"
             for (upper, _), old in zip(changes.split, changes.split_before, strict=True)
         ]
+
+
+def _shows_something(frame: Frame) -> bool:
+    """A frame worth opening a player on: the tree has a node, or some slot of the pool is taken."""
+    if frame.snapshot.num_nodes:
+        return True
+    return frame.slots is not None and any(state != "free" for state in frame.slots.states)
 
 
 def _join(head: str, parts: Sequence[str]) -> str:

@@ -31,7 +31,17 @@ from typing import Any
 import graphviz
 
 from ..errors import ArgumentError, ArgumentTypeError, MiniKVError
-from ..snapshot import NodeView, Path, TreeChanges, TreeSnapshot, VocabLike, token_namer, words
+from ..snapshot import (
+    SLOT_STATES,
+    NodeView,
+    Path,
+    SlotOwnership,
+    TreeChanges,
+    TreeSnapshot,
+    VocabLike,
+    token_namer,
+    words,
+)
 
 __all__ = [
     "EVENT_BORDERS",
@@ -40,6 +50,7 @@ __all__ = [
     "GraphvizMissingError",
     "Look",
     "TreeDrawing",
+    "draw_pool",
     "draw_snapshot",
     "draw_tree",
     "node_id",
@@ -74,7 +85,18 @@ LOOKS: Mapping[str, Look] = MappingProxyType(
         "free": Look("#f9fafb", "#d0d5dd"),
     }
 )
-"""State -> colours. ``requests`` and ``free`` are not tree states; the size plot uses them."""
+"""State -> colours. ``requests`` and ``free`` are not tree states; the size plot and the slot strip use them."""
+
+SLOT_LOOKS: Mapping[str, Look] = MappingProxyType(
+    {
+        "free": Look("#ffffff", "#98a2b3", "#475467"),
+        "evictable": LOOKS["evictable"],
+        "locked": LOOKS["protected"],
+        "request": LOOKS["requests"],
+        "conflict": Look("#d92d20", "#7a271a", "#ffffff"),
+    }
+)
+"""Slot state (see :data:`minikv.snapshot.SLOT_STATES`) -> colours of its cell in the slot strip."""
 
 EVENT_BORDERS: Mapping[str, str] = MappingProxyType({"inserted": "#7f56d9", "split": "#f79009", "walked": "#1570ef"})
 """What just happened to a node -> the colour of its thick border (and of the edge into it)."""
@@ -159,6 +181,7 @@ def draw_tree(
     legend: bool = True,
     title: str | None = None,
     max_columns: int = 8,
+    pool: Any = None,
 ) -> TreeDrawing:
     """Draw ``manager``'s radix tree now.
 
@@ -166,9 +189,14 @@ def draw_tree(
     ``changes`` (from :func:`diff_snapshots`, or a recorder frame) highlights
     what the last operation did. ``max_columns`` caps the tokens (pages, when
     ``page_size > 1``) shown per node; the rest is summarised as "+N".
+    ``pool`` (a :class:`~minikv.PagePool`) adds a strip of its slots above the
+    tree: free, in the tree and evictable, in the tree and locked, or owned by
+    a running request (see :class:`~minikv.snapshot.SlotOwnership`).
     """
+    snapshot = TreeSnapshot.of(manager)
+    slots = None if pool is None else SlotOwnership.of(snapshot, pool)
     return draw_snapshot(
-        TreeSnapshot.of(manager), vocab, changes=changes, legend=legend, title=title, max_columns=max_columns
+        snapshot, vocab, changes=changes, legend=legend, title=title, max_columns=max_columns, slots=slots
     )
 
 
@@ -180,19 +208,22 @@ def draw_snapshot(
     legend: bool = True,
     title: str | None = None,
     max_columns: int = 8,
+    slots: SlotOwnership | None = None,
 ) -> TreeDrawing:
-    """Draw a :class:`TreeSnapshot` (see :func:`draw_tree`)."""
+    """Draw a :class:`TreeSnapshot` (see :func:`draw_tree`); ``slots`` adds the slot strip."""
     if not isinstance(snapshot, TreeSnapshot):
         raise ArgumentTypeError(f"snapshot must be a TreeSnapshot, got {type(snapshot).__name__}")
     if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
         raise ArgumentError(f"max_columns must be a positive int, got {max_columns!r}")
     if title is not None and not isinstance(title, str):
         raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
+    if slots is not None and not isinstance(slots, SlotOwnership):
+        raise ArgumentTypeError(f"slots must be a SlotOwnership, got {type(slots).__name__}")
     namer = token_namer(vocab)
     changes = changes or TreeChanges()
     ghosts = {v.path: v for v in changes.evicted}
     graph_attr = {"rankdir": "TB", "ordering": "out", "nodesep": "0.3", "ranksep": "0.45", "fontname": "Helvetica"}
-    label = _graph_label(snapshot, title, legend)
+    label = _graph_label(snapshot, title, legend, slots)
     if label:
         graph_attr.update(label=label, labelloc="t", labeljust="l", fontsize="12")
     drawing = TreeDrawing(
@@ -323,7 +354,9 @@ def _tooltip(view: NodeView, namer: Callable[[int], str], ghost: bool) -> str:
     return _dot_text(text)
 
 
-def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str | None:
+def _graph_label(
+    snapshot: TreeSnapshot | None, title: str | None, legend: bool, slots: SlotOwnership | None = None
+) -> str | None:
     """The graph's label, above the tree: the title and a compact legend, as one HTML-like table.
 
     A label does not take part in the layout of ranks, so the legend never
@@ -332,7 +365,9 @@ def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str
     rows = []
     if title:
         rows.append(f'<TR><TD ALIGN="LEFT"><B>{_html(title)}</B></TD></TR>')
-    if legend:
+    if slots is not None:
+        rows.append(f'<TR><TD ALIGN="LEFT">{_slot_strip(slots, legend)}</TD></TR>')
+    if legend and snapshot is not None:
         entries = [_legend_entry(key) for key in LEGEND_ORDER]
         grid = "".join("<TR>" + "".join(entries[i : i + 2]) + "</TR>" for i in range(0, len(entries), 2))
         rows.append(f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{grid}</TABLE></TD></TR>')
@@ -347,6 +382,67 @@ def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str
     if not rows:
         return None
     return '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">' + "".join(rows) + "</TABLE>>"
+
+
+SLOTS_PER_ROW = 16
+"""The slot strip wraps after this many slots (rounded down to whole pages)."""
+
+
+def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
+    """The pool as a row of numbered cells, one per slot, coloured by owner; with ``legend``, what each colour means."""
+    per_row = max(slots.page_size, SLOTS_PER_ROW // slots.page_size * slots.page_size)
+    size = 'WIDTH="22" HEIGHT="18" FIXEDSIZE="TRUE"'
+    cells = []
+    for slot, state in enumerate(slots.states):
+        look = SLOT_LOOKS[state]
+        cells.append(
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" {size}>'
+            f'<FONT POINT-SIZE="9" COLOR="{look.text}">{slot}</FONT></TD>'
+        )
+    rows = []
+    for start in range(0, len(cells), per_row):
+        row = cells[start : start + per_row]
+        head = '<TD ALIGN="RIGHT"><FONT POINT-SIZE="10">slots</FONT></TD>' if start == 0 else "<TD></TD>"
+        rows.append(f"<TR>{head}{''.join(row)}</TR>")
+    strip = '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="0">' + "".join(rows) + "</TABLE>"
+    if not legend:
+        return strip
+    counts = slots.counts()
+    entries = []
+    for state, meaning in SLOT_STATES.items():
+        look = SLOT_LOOKS[state]
+        entries.append(
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" WIDTH="12" HEIGHT="12" FIXEDSIZE="TRUE"></TD>'
+            f'<TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(meaning)}: {counts[state]}</FONT></TD>'
+        )
+    key = "".join("<TR>" + "".join(entries[i : i + 3]) + "</TR>" for i in range(0, len(entries), 3))
+    return (
+        '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+        f'<TR><TD ALIGN="LEFT">{strip}</TD></TR>'
+        f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{key}</TABLE></TD></TR>'
+        "</TABLE>"
+    )
+
+
+def draw_pool(pool: Any, manager: Any = None, *, title: str | None = None, legend: bool = True) -> TreeDrawing:
+    """Draw only the slot strip of ``pool``: who owns each slot, with ``manager``'s tree (if it has one) as owner.
+
+    Useful where there is no tree to draw, e.g. beside a
+    :class:`~minikv.NaiveCacheManager`, which holds nothing: every slot that is
+    not free is owned by a running request.
+    """
+    if title is not None and not isinstance(title, str):
+        raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
+    has_tree = manager is not None and hasattr(getattr(manager, "root_node", None), "children")
+    snapshot = TreeSnapshot.of(manager) if has_tree else None
+    label = _graph_label(None, title, legend, SlotOwnership.of(snapshot, pool))
+    drawing = TreeDrawing(
+        name="slot_pool",
+        graph_attr={"label": label or "", "labelloc": "t", "labeljust": "l", "fontname": "Helvetica", "margin": "0.1"},
+        node_attr={"shape": "point", "style": "invis", "width": "0", "height": "0"},
+    )
+    drawing.node("anchor", "")  # dot draws nothing for a graph without nodes
+    return drawing
 
 
 LEGEND_ORDER = ("protected", "evictable", "interior", "evicted", "split", "inserted", "walked")
