@@ -15,6 +15,11 @@ Record every operation and step through them::
     rec.frames[-1].caption      # 'insert [Hello there]: split [Hello world] after 1 token; ...'
     rec.player()                # slider, prev / next, play
 
+Show who owns each slot of the pool (free, cached, locked, a running request)::
+
+    draw_tree(manager, vocab, pool=pool)        # a numbered strip of slots above the tree
+    TreeRecorder(manager, vocab, pool=pool)     # the strip in every frame
+
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate) and
@@ -22,14 +27,14 @@ Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.vocab`.
 """
 
-from ..snapshot import NodeView, TreeChanges, TreeSnapshot, diff_snapshots, outline
+from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
 from ..vocab import Vocab  # re-exported: the book's examples import it from here
 from . import storage
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
-from .tree import GraphvizMissingError, TreeDrawing, draw_snapshot, draw_tree, node_id, render_svg
+from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
 __all__ = [
     "Frame",
@@ -37,12 +42,14 @@ __all__ = [
     "GraphvizMissingError",
     "NodeView",
     "PlayerFrame",
+    "SlotOwnership",
     "TreeChanges",
     "TreeDrawing",
     "TreeRecorder",
     "TreeSnapshot",
     "Vocab",
     "diff_snapshots",
+    "draw_pool",
     "draw_snapshot",
     "draw_tree",
     "node_id",
