@@ -225,3 +225,13 @@ def test_the_strip_wraps_and_draw_pool_needs_no_tree() -> None:
     assert paged.count("<TR><TD></TD>") == 1  # 30 slots in rows of 15: whole pages of 3
     with pytest.raises(ArgumentTypeError, match="slots"):
         draw_snapshot(TreeSnapshot.of(RadixCacheManager()), slots=pool)
+
+
+def test_strip_reprs() -> None:
+    from minikv.viz.tree import draw_pool
+
+    pool = PagePool(4)
+    assert repr(draw_pool(pool)) == "<TreeDrawing: a strip of 4 slots>"
+    manager = manager_with([0, 1])
+    assert repr(draw_tree(manager, pool=pool)) == "<TreeDrawing: 2 nodes, a strip of 4 slots>"
+    assert repr(draw_tree(manager, pool=pool).copy()) == "<TreeDrawing: 2 nodes, a strip of 4 slots>"

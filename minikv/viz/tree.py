@@ -125,20 +125,27 @@ class TreeDrawing(graphviz.Digraph):  # type: ignore[misc]  # graphviz ships no 
     ``.source`` is the DOT text, ``.svg()`` the SVG text.
     """
 
-    def __init__(self, *args: Any, tree_nodes: int = 0, ghost_nodes: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, tree_nodes: int = 0, ghost_nodes: int = 0, strip_slots: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tree_nodes = tree_nodes
         self.ghost_nodes = ghost_nodes
+        self.strip_slots = strip_slots
 
     def _copy_kwargs(self, **kwargs: Any) -> dict[str, Any]:
         # graphviz's own _copy_kwargs drops extra keywords, so add ours to its result.
         copied: dict[str, Any] = super()._copy_kwargs(**kwargs)
-        copied.update(tree_nodes=self.tree_nodes, ghost_nodes=self.ghost_nodes)
+        copied.update(tree_nodes=self.tree_nodes, ghost_nodes=self.ghost_nodes, strip_slots=self.strip_slots)
         return copied
 
     def __repr__(self) -> str:
-        ghosts = f", {self.ghost_nodes} just evicted" if self.ghost_nodes else ""
-        return f"<TreeDrawing: {self.tree_nodes} nodes{ghosts}>"
+        parts = [f"{self.tree_nodes} nodes"] if self.tree_nodes else []
+        if self.ghost_nodes:
+            parts.append(f"{self.ghost_nodes} just evicted")
+        if self.strip_slots:
+            parts.append(f"a strip of {self.strip_slots} slots")
+        return f"<TreeDrawing: {', '.join(parts) or '0 nodes'}>"
 
     def svg(self) -> str:
         """The drawing as SVG text (graphviz's version comment removed, so versions differ less)."""
@@ -233,6 +240,7 @@ def draw_snapshot(
         edge_attr={"arrowsize": "0.6", "color": "#667085"},
         tree_nodes=len(snapshot.nodes),
         ghost_nodes=len(ghosts),
+        strip_slots=0 if slots is None else slots.num_slots,
     )
     for view in _with_ghosts(snapshot, ghosts):
         ghost = view.path in ghosts
@@ -435,11 +443,13 @@ def draw_pool(pool: Any, manager: Any = None, *, title: str | None = None, legen
         raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
     has_tree = manager is not None and hasattr(getattr(manager, "root_node", None), "children")
     snapshot = TreeSnapshot.of(manager) if has_tree else None
-    label = _graph_label(None, title, legend, SlotOwnership.of(snapshot, pool))
+    owners = SlotOwnership.of(snapshot, pool)
+    label = _graph_label(None, title, legend, owners)
     drawing = TreeDrawing(
         name="slot_pool",
         graph_attr={"label": label or "", "labelloc": "t", "labeljust": "l", "fontname": "Helvetica", "margin": "0.1"},
         node_attr={"shape": "point", "style": "invis", "width": "0", "height": "0"},
+        strip_slots=owners.num_slots,
     )
     drawing.node("anchor", "")  # dot draws nothing for a graph without nodes
     return drawing
