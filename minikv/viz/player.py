@@ -179,8 +179,10 @@ def _inline_svg(svg: str, prefix: str) -> str:
 
 
 _CSS = (
+    # Its own colours, light on every page: a book theme's muted figcaption colour or a dark
+    # mode must not make the captions hard to read (the SVG pictures are drawn for white).
     ".minikv-player{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:14px;margin:0.5em 0;"
-    "outline:none}"
+    "outline:none;background:#ffffff;color:#101828;padding:0.4em 0.6em;border-radius:4px}"
     ".minikv-player .mkp-title{font-weight:600;margin-bottom:0.3em}"
     ".minikv-player .mkp-controls{align-items:center;gap:0.4em;flex-wrap:wrap;margin-bottom:0.4em}"
     ".minikv-player .mkp-controls button{font:inherit;padding:0.15em 0.7em;border:1px solid #98a2b3;"
@@ -189,7 +191,7 @@ _CSS = (
     ".minikv-player .mkp-slider{flex:1 1 12em;min-width:8em}"
     ".minikv-player .mkp-counter{font-variant-numeric:tabular-nums;min-width:4.5em;text-align:right}"
     ".minikv-player .mkp-frame{margin:0 0 1em 0}"
-    ".minikv-player .mkp-caption{font-weight:600;margin-bottom:0.15em;text-align:left}"
+    ".minikv-player .mkp-caption{font-weight:600;margin-bottom:0.15em;text-align:left;color:#101828}"
     ".minikv-player .mkp-details{color:#475467;font-size:0.9em;margin-bottom:0.3em}"
     ".minikv-player .mkp-picture{background:#ffffff;overflow-x:auto}"
 )
