@@ -101,7 +101,7 @@ def test_memory_map_with_pages_of_several_tokens() -> None:
 
 def test_memory_map_is_a_permutation_of_coordinates() -> None:
     owners = vs.memory_map(tiny(KVCacheLayout.PageFirst))
-    coords = set(zip(owners.kv, owners.layer, owners.page, owners.row, owners.head, owners.dim))
+    coords = set(zip(owners.kv, owners.layer, owners.page, owners.row, owners.head, owners.dim, strict=True))
     assert len(coords) == 2 * HALF
 
 

@@ -3,19 +3,25 @@
 A case never shares a manager between the learner and the reference: it builds
 two from the same *recipe* (inserts, matches, locks, in order), lets the
 learner's function change one and minikv's own code change the other, then
-compares snapshots. Snapshots keep what a learner's code is responsible for
-(keys, slots, ref counts, the order of last use, parent links, the size
-counters) and leave out minikv's private bookkeeping (its eviction heap and
-node counter), which a learner's function has no reason to know about.
+compares snapshots. The tree is read once, by :meth:`minikv.snapshot.TreeSnapshot.of`
+(the same snapshot the drawings and the tests use); :class:`TreeState` keeps the
+part a learner's code is responsible for (keys, slots, ref counts, the order of
+last use, parent links, the size counters) and leaves out minikv's private
+bookkeeping (its eviction heap and node counter), which a learner's function has
+no reason to know about.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..errors import IntegrityError
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
+from ..snapshot import NodeView, TreeSnapshot, node_path, outline
 from ._core import Mismatch
 
 MAX_NODES = 10_000
@@ -147,18 +153,10 @@ def find_node(manager: RadixCacheManager, path: Sequence[int]) -> RadixTreeNode:
 
 def path_of(node: RadixTreeNode) -> list[int]:
     """The tokens from the root down to ``node`` (what a handle on ``node`` stands for)."""
-    parts = []
-    seen = 0
-    while node is not None and node.parent is not None and seen < MAX_NODES:
-        parts.append(node.key.tolist())
-        node = node.parent
-        seen += 1
-    return [token for part in reversed(parts) for token in part]
+    return list(node_path(node, limit=MAX_NODES))
 
 
-def _np(ids: Sequence[int]):
-    import numpy as np
-
+def _np(ids: Sequence[int]) -> np.ndarray:
     return np.asarray(list(ids), dtype=np.int64)
 
 
@@ -184,46 +182,29 @@ class TreeState:
     children: tuple[NodeState, ...]
     evictable_size: int
     protected_size: int
-    clock: int | None = None
+    clock: int | None
     """The manager's logical time when the snapshot was taken: nodes stamped with it were used by the last call."""
+    tree: TreeSnapshot = field(compare=False, repr=False)
+    """The snapshot this state was taken from (for :func:`render`)."""
 
 
 def snapshot(manager: RadixCacheManager) -> TreeState:
-    count = [0]
+    try:
+        tree = TreeSnapshot.of(manager, max_nodes=MAX_NODES)
+    except IntegrityError:
+        raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?") from None
 
-    def visit(node: RadixTreeNode) -> tuple[NodeState, ...]:
-        states = []
-        for filed_under, child in sorted(node.children.items(), key=lambda item: _sort_key(item[0])):
-            count[0] += 1
-            if count[0] > MAX_NODES:
-                raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?")
-            states.append(
-                NodeState(
-                    filed_under,
-                    tuple(int(t) for t in child.key.tolist()),
-                    tuple(int(s) for s in child.value.tolist()),
-                    int(child.ref_count),
-                    int(child.timestamp),
-                    child.parent is node,
-                    visit(child),
-                )
-            )
-        return tuple(states)
+    def state(view: NodeView) -> NodeState:
+        return NodeState(
+            view.filed_under, view.tokens, view.slots, view.ref_count, view.timestamp, view.parent_ok,
+            tuple(state(child) for child in view.children),
+        )  # fmt: skip
 
-    root = manager.root_node
-    clock = getattr(manager, "_clock", None)
+    info = tree.size_info
     return TreeState(
-        int(root.ref_count), int(root.length), visit(root), int(manager.evictable_size), int(manager.protected_size),
-        None if clock is None else int(clock),
+        tree.root.ref_count, int(manager.root_node.length), tuple(state(child) for child in tree.root.children),
+        info.evictable_size, info.protected_size, tree.clock, tree,
     )  # fmt: skip
-
-
-def _sort_key(filed_under: object) -> tuple:
-    if isinstance(filed_under, tuple):
-        return (1, filed_under)
-    if isinstance(filed_under, int):
-        return (0, (filed_under,))
-    return (2, (repr(filed_under),))
 
 
 def nodes_of(state: TreeState) -> list[NodeState]:
@@ -244,26 +225,8 @@ def all_slots(state: TreeState) -> list[int]:
 
 
 def render(state: TreeState, values: bool = True, times: bool = True) -> str:
-    """The tree as indented text, one node per line, with the size counters."""
-    lines = [f"root (ref_count {state.root_ref_count})"]
-
-    def visit(nodes: tuple[NodeState, ...], prefix: str) -> None:
-        for i, node in enumerate(nodes):
-            last = i == len(nodes) - 1
-            parts = [_tokens(node.key)]
-            if values:
-                parts.append(f"slots {_tokens(node.value)}")
-            parts.append(f"ref {node.ref_count}")
-            if times:
-                parts.append(f"t={node.timestamp}")
-            if not node.parent_ok:
-                parts.append("parent link broken")
-            lines.append(prefix + ("└─ " if last else "├─ ") + " · ".join(parts))
-            visit(node.children, prefix + ("   " if last else "│  "))
-
-    visit(state.children, "")
-    lines.append(f"evictable_size {state.evictable_size}, protected_size {state.protected_size}")
-    return "\n".join(lines)
+    """The tree as indented text, one node per line, with the size counters (:func:`minikv.snapshot.outline`)."""
+    return outline(state.tree, values=values, times=times)
 
 
 def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
@@ -281,7 +244,10 @@ def compare(expected: TreeState, got: TreeState, values: bool = True, times: boo
 
 def first_difference(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> str | None:
     if got.root_ref_count != expected.root_ref_count:
-        return f"the root's ref_count should stay {expected.root_ref_count}, but it is {got.root_ref_count}: never lock or unlock the root."
+        return (
+            f"the root's ref_count should stay {expected.root_ref_count}, but it is {got.root_ref_count}: "
+            "never lock or unlock the root."
+        )
     if got.root_key_len != 0:
         return "the root must hold no tokens."
     problem = _first_node_difference(expected.children, got.children, "the root", values)
@@ -337,20 +303,27 @@ def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
     exp_nodes, got_nodes = nodes_of(expected), nodes_of(got)
     if _ranks([n.timestamp for n in exp_nodes]) == _ranks([n.timestamp for n in got_nodes]):
         return None
-    for exp, mine in zip(exp_nodes, got_nodes):  # first, the usual slip: the time of this very call
+    for exp, mine in zip(exp_nodes, got_nodes, strict=False):  # first, the usual slip: the time of this very call
         name = f"the node {_tokens(exp.key)}"
         if exp.timestamp == expected.clock != mine.timestamp and got.clock is not None:
-            return f"{name} was used by this call, so it should carry its time (t={got.clock}), but it has t={mine.timestamp}."
+            return (
+                f"{name} was used by this call, so it should carry its time (t={got.clock}), "
+                f"but it has t={mine.timestamp}."
+            )
         if exp.timestamp != expected.clock and mine.timestamp == got.clock:
-            return f"{name} was not used by this call and should keep its time, but it got the time of this call (t={mine.timestamp})."
-    for i, (a_exp, a_got) in enumerate(zip(exp_nodes, got_nodes)):
-        for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :]):
+            return (
+                f"{name} was not used by this call and should keep its time, "
+                f"but it got the time of this call (t={mine.timestamp})."
+            )
+    for i, (a_exp, a_got) in enumerate(zip(exp_nodes, got_nodes, strict=False)):
+        for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :], strict=False):
             want, have = _cmp(a_exp.timestamp, b_exp.timestamp), _cmp(a_got.timestamp, b_got.timestamp)
             if want != have:
                 a, b = f"the node {_tokens(a_exp.key)}", f"the node {_tokens(b_exp.key)}"
                 relation = {-1: "before", 0: "at the same time as", 1: "after"}
                 return (
-                    f"{a} should have been used {relation[want]} {b} (t={a_exp.timestamp} and t={b_exp.timestamp} in the expected tree), "
+                    f"{a} should have been used {relation[want]} {b} "
+                    f"(t={a_exp.timestamp} and t={b_exp.timestamp} in the expected tree), "
                     f"but in yours it was used {relation[have]} it (t={a_got.timestamp} and t={b_got.timestamp})."
                 )
     return None  # pragma: no cover - equal ranks were ruled out above

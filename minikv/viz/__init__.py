@@ -2,7 +2,7 @@
 
 Draw the tree now::
 
-    from minikv.viz import Vocab, draw_tree
+    from minikv.viz import Vocab, draw_tree   # Vocab is minikv.vocab.Vocab
     vocab = Vocab()
     manager.insert_prefix(vocab.encode("Hello world"), [0, 1])
     draw_tree(manager, vocab)
@@ -15,28 +15,26 @@ Record every operation and step through them::
     rec.frames[-1].caption      # 'insert [Hello there]: split [Hello world] after 1 token; ...'
     rec.player()                # slider, prev / next, play
 
-Modules: :mod:`~minikv.viz.tree` (snapshots, changes, drawings),
-:mod:`~minikv.viz.recorder` (the recording proxy), :mod:`~minikv.viz.player`
-(the HTML player), :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate), and,
-where present, :mod:`~minikv.viz.storage` (storage-layer pictures).
+Show who owns each slot of the pool (free, cached, locked, a running request)::
+
+    draw_tree(manager, vocab, pool=pool)        # a numbered strip of slots above the tree
+    TreeRecorder(manager, vocab, pool=pool)     # the strip in every frame
+
+Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
+(the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
+:mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate) and
+:mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
+draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.vocab`.
 """
 
+from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
+from ..vocab import Vocab  # re-exported: the book's examples import it from here
+from . import storage
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
-from .tree import (
-    GraphvizMissingError,
-    NodeView,
-    TreeChanges,
-    TreeDrawing,
-    TreeSnapshot,
-    Vocab,
-    diff_snapshots,
-    draw_snapshot,
-    draw_tree,
-    node_id,
-    render_svg,
-)
+from .storage import *  # noqa: F403  (its __all__ lists its public names)
+from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
 __all__ = [
     "Frame",
@@ -44,28 +42,21 @@ __all__ = [
     "GraphvizMissingError",
     "NodeView",
     "PlayerFrame",
+    "SlotOwnership",
     "TreeChanges",
     "TreeDrawing",
     "TreeRecorder",
     "TreeSnapshot",
     "Vocab",
     "diff_snapshots",
+    "draw_pool",
     "draw_snapshot",
     "draw_tree",
     "node_id",
+    "outline",
     "plot_hit_rate",
     "plot_lifecycle",
     "plot_sizes",
     "render_svg",
-]  # fmt: skip
-
-# The storage pictures are written separately; re-export them only when that module exists.
-try:
-    from . import storage
-except ModuleNotFoundError as error:
-    if error.name != f"{__name__}.storage":
-        raise
-else:
-    from .storage import *  # noqa: F403  (its __all__ lists its public names)
-
-    __all__ += list(getattr(storage, "__all__", ()))
+    *storage.__all__,
+]

@@ -31,11 +31,18 @@ from .tree import render_svg
 
 @dataclass(frozen=True)
 class PlayerFrame:
-    """One picture of the player: SVG text, a caption, and a line of details (e.g. slot counts)."""
+    """One picture of the player: SVG text, a caption, and a line of details (e.g. slot counts).
+
+    The player shows the caption as ``"<number>. <caption>"``; ``number``
+    defaults to the frame's position counted from 1 (as the player's counter
+    counts). A :class:`~minikv.viz.TreeRecorder` passes its own frame numbers
+    (0 is the starting state), the numbers its captions are referred to by.
+    """
 
     svg: str
     caption: str
     details: str = ""
+    number: int | None = None
 
 
 class FramePlayer:
@@ -43,10 +50,13 @@ class FramePlayer:
 
     ``frames`` are ``PlayerFrame`` objects, or ``(picture, caption[, details])``
     tuples where the picture is SVG text, a graphviz graph or anything with an
-    ``svg()`` method (a :class:`~minikv.viz.tree.TreeDrawing`).
+    ``svg()`` method (a :class:`~minikv.viz.tree.TreeDrawing`). ``open_at`` is
+    the position of the frame shown first (pick one that shows something).
     """
 
-    def __init__(self, frames: Sequence[Any], *, title: str | None = None, interval_ms: int = 1200) -> None:
+    def __init__(
+        self, frames: Sequence[Any], *, title: str | None = None, interval_ms: int = 1200, open_at: int = 0
+    ) -> None:
         if isinstance(frames, (str, bytes)) or not isinstance(frames, Sequence):
             raise ArgumentTypeError(f"frames must be a sequence of frames, got {type(frames).__name__}")
         if not frames:
@@ -55,15 +65,25 @@ class FramePlayer:
             raise ArgumentError(f"interval_ms must be an int >= 50, got {interval_ms!r}")
         if title is not None and not isinstance(title, str):
             raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
+        if isinstance(open_at, bool) or not isinstance(open_at, int) or not 0 <= open_at < len(frames):
+            raise ArgumentError(f"open_at must be a frame position in [0, {len(frames)}), got {open_at!r}")
         self.frames: tuple[PlayerFrame, ...] = tuple(_as_frame(f, i) for i, f in enumerate(frames))
         self.title = title
         self.interval_ms = interval_ms
+        self.open_at = open_at
         digest = hashlib.sha1()
-        for part in (title or "", str(interval_ms), *(x for f in self.frames for x in (f.svg, f.caption, f.details))):
+        parts = (x for i, f in enumerate(self.frames) for x in (f.svg, self.caption(i), f.details))
+        for part in (title or "", str(interval_ms), str(open_at), *parts):
             digest.update(part.encode("utf-8"))
             digest.update(b"\0")
         self.player_id = "minikv-player-" + digest.hexdigest()[:12]
         self.html = self._build()
+
+    def caption(self, position: int) -> str:
+        """The caption of the frame at ``position`` as the player shows it: numbered."""
+        frame = self.frames[position]
+        number = position + 1 if frame.number is None else frame.number
+        return f"{number}. {frame.caption}"
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -99,10 +119,10 @@ class FramePlayer:
             f'<button type="button" class="mkp-prev" title="previous frame (left arrow)">&#9664; prev</button>'
             f'<button type="button" class="mkp-play" title="play / pause">&#9654; play</button>'
             f'<button type="button" class="mkp-next" title="next frame (right arrow)">next &#9654;</button>'
-            f'<input type="range" class="mkp-slider" min="0" max="{n - 1}" value="0" step="1" aria-label="frame">'
-            f'<span class="mkp-counter">1 / {n}</span></div>\n'
+            f'<input type="range" class="mkp-slider" min="0" max="{n - 1}" value="{self.open_at}" step="1" '
+            f'aria-label="frame"><span class="mkp-counter">{self.open_at + 1} / {n}</span></div>\n'
             f'<div class="mkp-frames">\n{figures}\n</div>\n'
-            f"<script>{_SCRIPT.replace('__PID__', pid).replace('__INTERVAL__', str(self.interval_ms))}</script>\n"
+            f"<script>{_script(pid, self.interval_ms, self.open_at)}</script>\n"
             f"</div>"
         )
 
@@ -111,7 +131,7 @@ class FramePlayer:
         svg = _inline_svg(frame.svg, f"{self.player_id}-f{index}-")
         return (
             f'<figure class="mkp-frame" data-index="{index}">'
-            f'<figcaption class="mkp-caption">{html.escape(frame.caption)}</figcaption>{details}'
+            f'<figcaption class="mkp-caption">{html.escape(self.caption(index))}</figcaption>{details}'
             f'<div class="mkp-picture">{svg}</div></figure>'
         )
 
@@ -159,8 +179,10 @@ def _inline_svg(svg: str, prefix: str) -> str:
 
 
 _CSS = (
+    # Its own colours, light on every page: a book theme's muted figcaption colour or a dark
+    # mode must not make the captions hard to read (the SVG pictures are drawn for white).
     ".minikv-player{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:14px;margin:0.5em 0;"
-    "outline:none}"
+    "outline:none;background:#ffffff;color:#101828;padding:0.4em 0.6em;border-radius:4px}"
     ".minikv-player .mkp-title{font-weight:600;margin-bottom:0.3em}"
     ".minikv-player .mkp-controls{align-items:center;gap:0.4em;flex-wrap:wrap;margin-bottom:0.4em}"
     ".minikv-player .mkp-controls button{font:inherit;padding:0.15em 0.7em;border:1px solid #98a2b3;"
@@ -169,7 +191,7 @@ _CSS = (
     ".minikv-player .mkp-slider{flex:1 1 12em;min-width:8em}"
     ".minikv-player .mkp-counter{font-variant-numeric:tabular-nums;min-width:4.5em;text-align:right}"
     ".minikv-player .mkp-frame{margin:0 0 1em 0}"
-    ".minikv-player .mkp-caption{font-weight:600;margin-bottom:0.15em;text-align:left}"
+    ".minikv-player .mkp-caption{font-weight:600;margin-bottom:0.15em;text-align:left;color:#101828}"
     ".minikv-player .mkp-details{color:#475467;font-size:0.9em;margin-bottom:0.3em}"
     ".minikv-player .mkp-picture{background:#ffffff;overflow-x:auto}"
 )
@@ -220,7 +242,11 @@ _SCRIPT = """
       if (event.key === "ArrowRight") { stop(); show(current + 1); event.preventDefault(); }
     });
     controls.style.display = "flex";
-    show(0);
+    show(__OPEN__);
   });
 })();
 """
+
+
+def _script(pid: str, interval_ms: int, open_at: int) -> str:
+    return _SCRIPT.replace("__PID__", pid).replace("__INTERVAL__", str(interval_ms)).replace("__OPEN__", str(open_at))

@@ -24,8 +24,9 @@ from matplotlib.ticker import PercentFormatter
 
 from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
+from ..snapshot import VocabLike, token_namer, words
 from .recorder import Frame, TreeRecorder
-from .tree import LOOKS, VocabLike, token_namer, words
+from .tree import LOOKS
 
 PHASES = {
     1: ("admit", "#53b1fd"),
@@ -62,7 +63,7 @@ def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab:
     for row, request in enumerate(reqs):
         y = len(reqs) - 1 - row
         for col, step in enumerate(request.trace):
-            phase, colour = PHASES.get(step.number, ("other", "#f2f4f7"))
+            _, colour = PHASES.get(step.number, ("other", "#f2f4f7"))
             ax.add_patch(
                 FancyBboxPatch(
                     (col + 0.05, y - 0.38), 0.9, 0.76, boxstyle="round,pad=0,rounding_size=0.08",
@@ -109,7 +110,7 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
     evictable = [i.evictable_size for i in infos]
     bands: list[tuple[str, list[int]]] = [("protected (locked)", protected), ("evictable", evictable)]
     if frees is not None and num_slots is not None:
-        held = [num_slots - f - i.total_size for f, i in zip(frees, infos)]
+        held = [num_slots - f - i.total_size for f, i in zip(frees, infos, strict=True)]
         if min(held) < 0:
             raise ArgumentError(f"num_slots: {num_slots} is smaller than cached + free slots in some frame")
         bands.append(("held by running requests", held))
@@ -122,9 +123,9 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
     plt.close(fig)
     x = list(range(len(infos)))
     bottom = [0] * len(infos)
-    for (name, values), colour in zip(bands, colours):
+    for (name, values), colour in zip(bands, colours, strict=False):
         ax.bar(x, values, bottom=bottom, width=0.8, color=colour, edgecolor="#344054", linewidth=0.4, label=name)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     if ops is not None and len(ops) <= 40:
         ax.set_xticks(x)
         ax.set_xticklabels(ops, rotation=60, ha="right", fontsize=8)
@@ -151,9 +152,9 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     names = _labels(reqs, labels, vocab)
     cached = [int(r.cached_len) for r in reqs]
     totals = [len(r.input_ids) for r in reqs]
-    rates = [c / t if t else 0.0 for c, t in zip(cached, totals)]
+    rates = [c / t if t else 0.0 for c, t in zip(cached, totals, strict=True)]
     running, c_sum, t_sum = [], 0, 0
-    for c, t in zip(cached, totals):
+    for c, t in zip(cached, totals, strict=True):
         c_sum, t_sum = c_sum + c, t_sum + t
         running.append(c_sum / t_sum if t_sum else 0.0)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(reqs) + 2.0), 3.6))
@@ -163,7 +164,7 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
            label="this request")  # fmt: skip
     ax.plot(x, running, color="#344054", marker="o", markersize=3.5, linewidth=1.2, label="all requests so far")
     if len(reqs) <= 30:
-        for xi, c, t, rate in zip(x, cached, totals, rates):
+        for xi, c, t, rate in zip(x, cached, totals, rates, strict=True):
             ax.text(xi, rate + 0.02, f"{c}/{t}", ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, 1.12)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))

@@ -25,18 +25,30 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from ..base import BaseCacheHandle, BaseCacheManager, SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
+from ..snapshot import (
+    SlotOwnership,
+    TreeChanges,
+    TreeSnapshot,
+    VocabLike,
+    diff_snapshots,
+    node_path,
+    token_namer,
+    words,
+)
 from .player import FramePlayer, PlayerFrame
-from .tree import TreeChanges, TreeDrawing, TreeSnapshot, VocabLike, diff_snapshots, draw_snapshot, token_namer, words
+from .tree import TreeDrawing, draw_snapshot
 
 Described = tuple[str, Sequence[int]]
 """A caption, and the token prefix the operation matched (its nodes are drawn as the walked path)."""
+
+R = TypeVar("R")
 
 CAPTION_TOKENS = 12
 """Captions show at most this many tokens of a sequence, then "… (+N)"."""
@@ -58,6 +70,8 @@ class Frame:
     """The exception the operation raised (the frame then shows the unchanged tree)."""
     vocab: VocabLike = field(default=None, repr=False)
     max_columns: int = field(default=8, repr=False)
+    slots: SlotOwnership | None = field(default=None, repr=False)
+    """Who owns each slot of the pool (when the recorder was given one): drawn as a strip above the tree."""
 
     @property
     def size_info(self) -> SizeInfo:
@@ -66,12 +80,14 @@ class Frame:
     @cached_property
     def drawing(self) -> TreeDrawing:
         """The tree, with this operation's changes highlighted (built on first use)."""
-        return draw_snapshot(self.snapshot, self.vocab, changes=self.changes, max_columns=self.max_columns)
+        return draw_snapshot(
+            self.snapshot, self.vocab, changes=self.changes, max_columns=self.max_columns, slots=self.slots
+        )
 
     @property
     def dot(self) -> str:
         """The DOT source of :attr:`drawing`."""
-        return self.drawing.source
+        return str(self.drawing.source)
 
     def svg(self) -> str:
         return self.drawing.svg()
@@ -97,7 +113,9 @@ class TreeRecorder(BaseCacheManager):
 
     ``vocab`` turns token ids into words in drawings and captions. ``pool``
     (optional, a :class:`~minikv.PagePool`) adds its free-slot count to each
-    frame. ``frames[0]`` is the starting state; each manager call adds one.
+    frame, and a strip of its slots to each drawing: free, in the tree
+    (evictable or locked), or owned by a running request. ``frames[0]`` is the
+    starting state; each manager call adds one.
     """
 
     def __init__(self, manager: BaseCacheManager, vocab: VocabLike = None, *, pool: Any = None, max_columns: int = 8):
@@ -144,7 +162,7 @@ class TreeRecorder(BaseCacheManager):
 
     # -- recorded operations -----------------------------------------------------
 
-    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[BaseCacheHandle, torch.Tensor]:
+    def match_prefix(self, input_ids: Any) -> tuple[BaseCacheHandle, torch.Tensor]:
         ids = _token_list(input_ids)
         head = f"match [{self._words(ids)}]"
 
@@ -154,9 +172,13 @@ class TreeRecorder(BaseCacheManager):
             hit = f"{cached} of {total} tokens cached" if cached else f"nothing cached (0 of {total} tokens)"
             return _join(head, [*self._split_words(changes), hit]), (ids or [])[:cached]
 
-        return self._run("match", head, lambda: self.manager.match_prefix(input_ids), describe)
+        found: tuple[BaseCacheHandle, torch.Tensor] = self._run(
+            "match", head, lambda: self.manager.match_prefix(input_ids), describe
+        )
+        return found
 
-    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+    def insert_prefix(self, input_ids: Any, indices: Any, *, handle: BaseCacheHandle | None = None) -> int:
+        """Insert and record it; ``handle`` (the request's own locked match) is passed on when given."""
         ids = _token_list(input_ids)
         head = f"insert [{self._words(ids)}]"
 
@@ -173,7 +195,15 @@ class TreeRecorder(BaseCacheManager):
                 parts.append(f"last {_plural(tail, 'token')} not inserted (a partial page)")
             return _join(head, parts), (ids or [])[:already]
 
-        return self._run("insert", head, lambda: self.manager.insert_prefix(input_ids, indices), describe)
+        manager: Any = self.manager  # `handle=` is newer than BaseCacheManager's signature
+
+        def call() -> int:
+            if handle is None:
+                return int(manager.insert_prefix(input_ids, indices))
+            return int(manager.insert_prefix(input_ids, indices, handle=handle))
+
+        already: int = self._run("insert", head, call, describe)
+        return already
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
         operation = "unlock" if unlock else "lock"
@@ -215,13 +245,15 @@ class TreeRecorder(BaseCacheManager):
                 parts.append(f"freed {_plural(len(freed), 'slot')}: whole nodes go")
             return _join(head, parts), ()
 
-        return self._run("evict", head, lambda: self.manager.evict(size), describe)
+        freed: torch.Tensor = self._run("evict", head, lambda: self.manager.evict(size), describe)
+        return freed
 
     def reset(self) -> torch.Tensor:
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
             return f"reset: removed {_plural(before.num_nodes, 'node')} ({_plural(len(freed), 'slot')})", ()
 
-        return self._run("reset", "reset", self.manager.reset, describe)
+        freed: torch.Tensor = self._run("reset", "reset", self.manager.reset, describe)
+        return freed
 
     # -- narration and playback ----------------------------------------------------
 
@@ -243,16 +275,35 @@ class TreeRecorder(BaseCacheManager):
             self._label = outer
 
     def player(
-        self, start: int = 0, stop: int | None = None, *, title: str | None = None, interval_ms: int = 1200
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        title: str | None = None,
+        interval_ms: int = 1200,
+        open_at: int | None = None,
     ) -> FramePlayer:
-        """An HTML player over ``frames[start:stop]`` (renders each frame's SVG with ``dot``)."""
+        """An HTML player over ``frames[start:stop]`` (renders each frame's SVG with ``dot``).
+
+        Captions carry the frame numbers (``frames[i]`` is shown as ``i.``).
+        ``open_at`` is the frame number shown first; by default the first frame
+        that shows something: a tree with a node, or a slot that is not free.
+        """
         chosen = self.frames[start:stop]
         if not chosen:
             raise ArgumentError(f"start/stop: frames[{start}:{stop}] is empty (there are {len(self.frames)} frames)")
+        numbers = [f.index for f in chosen]
+        if open_at is None:
+            position = next((i for i, f in enumerate(chosen) if _shows_something(f)), 0)
+        elif open_at in numbers:
+            position = numbers.index(open_at)
+        else:
+            raise ArgumentError(f"open_at: frame {open_at!r} is not among frames {numbers[0]}..{numbers[-1]}")
         return FramePlayer(
-            [PlayerFrame(f.svg(), f"{f.index}. {f.caption}", f.sizes_text) for f in chosen],
+            [PlayerFrame(f.svg(), f.caption, f.sizes_text, number=f.index) for f in chosen],
             title=title,
             interval_ms=interval_ms,
+            open_at=position,
         )
 
     def __repr__(self) -> str:
@@ -264,9 +315,9 @@ class TreeRecorder(BaseCacheManager):
         self,
         operation: str,
         head: str,
-        call: Callable[[], Any],
-        describe: Callable[[TreeSnapshot, TreeSnapshot, TreeChanges, Any], Described],
-    ) -> Any:
+        call: Callable[[], R],
+        describe: Callable[[TreeSnapshot, TreeSnapshot, TreeChanges, R], Described],
+    ) -> R:
         before = TreeSnapshot.of(self.manager)
         try:
             result = call()
@@ -287,8 +338,9 @@ class TreeRecorder(BaseCacheManager):
         self, operation: str, caption: str, snapshot: TreeSnapshot, changes: TreeChanges, error: str | None = None
     ) -> Frame:
         free = int(self.pool.num_free_slots) if self.pool is not None else None
+        slots = SlotOwnership.of(snapshot, self.pool) if self.pool is not None else None
         frame = Frame(
-            len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns
+            len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns, slots
         )
         self.frames.append(frame)
         return frame
@@ -302,8 +354,15 @@ class TreeRecorder(BaseCacheManager):
     def _split_words(self, changes: TreeChanges) -> list[str]:
         return [
             f"split [{self._words(old.tokens)}] after {_plural(len(upper) - old.start, 'token')}"
-            for (upper, _), old in zip(changes.split, changes.split_before)
+            for (upper, _), old in zip(changes.split, changes.split_before, strict=True)
         ]
+
+
+def _shows_something(frame: Frame) -> bool:
+    """A frame worth opening a player on: the tree has a node, or some slot of the pool is taken."""
+    if frame.snapshot.num_nodes:
+        return True
+    return frame.slots is not None and any(state != "free" for state in frame.slots.states)
 
 
 def _join(head: str, parts: Sequence[str]) -> str:
@@ -333,8 +392,4 @@ def _handle_tokens(handle: Any) -> tuple[int, ...] | None:
     node = getattr(handle, "node", None)
     if node is None or not hasattr(node, "key"):
         return None
-    pieces = []
-    while node is not None and getattr(node, "parent", None) is not None:
-        pieces.append([int(t) for t in node.key.tolist()])
-        node = node.parent
-    return tuple(t for piece in reversed(pieces) for t in piece)
+    return node_path(node)

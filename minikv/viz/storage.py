@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ def element_offsets(view: torch.Tensor) -> np.ndarray:
     if not isinstance(view, torch.Tensor):
         raise ArgumentTypeError(f"view must be a torch.Tensor, got {type(view).__name__}")
     offsets = np.full(tuple(view.shape), view.storage_offset(), dtype=np.int64)
-    for axis, (size, stride) in enumerate(zip(view.shape, view.stride())):
+    for axis, (size, stride) in enumerate(zip(view.shape, view.stride(), strict=True)):
         shape = [1] * view.dim()
         shape[axis] = size
         offsets = offsets + (np.arange(size, dtype=np.int64) * stride).reshape(shape)
@@ -178,7 +179,7 @@ def simulated_ranks(
             device,
             tp_rank=rank,
             tp_size=tp_size,
-        )  # fmt: skip
+        )
         for rank in range(tp_size)
     ]
 
@@ -202,7 +203,7 @@ def draw_layouts(caches: Sequence[MHAKVCache], layer: int = 1, page: int = 2) ->
     width = min(7.5, 1.0 + 0.14 * row_length)  # a book column; wider pictures are shrunk to unreadable
     figure = Figure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
     axes = figure.subplots(len(caches), 1, squeeze=False)[:, 0]
-    for ax, cache in zip(axes, caches):
+    for ax, cache in zip(axes, caches, strict=True):
         _draw_one_layout(ax, cache, layer, page, row_length)
     num_layers = max(c.num_layers for c in caches)
     handles = [Patch(facecolor=_layer_colour(i), label=f"layer {i}") for i in range(num_layers)]
@@ -309,7 +310,7 @@ def draw_head_split(ranks: Sequence[MHAKVCache]) -> Figure:
 # --------------------------------------------------------------------------- helpers
 
 
-def _draw_one_layout(ax, cache: MHAKVCache, layer: int, page: int, row_length: int) -> None:
+def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_length: int) -> None:
     owners = memory_map(cache)
     kv_stride = cache.kv_buffer.stride(0)
     labelled = kv_stride <= _MAX_LABELLED_CELLS
@@ -327,12 +328,14 @@ def _draw_one_layout(ax, cache: MHAKVCache, layer: int, page: int, row_length: i
         (1.0, f"k_cache({layer})", element_offsets(cache.k_cache(layer)), "black"),
         (0.25, f"page {page}, K, all layers", element_offsets(cache.kv_buffer[0][:, page]), "tab:gray"),
     )
-    for y, name, offsets, colour in tracks:
+    for track_y, name, offsets, track_colour in tracks:
         runs = contiguous_runs(offsets)
         for start, length in runs:
-            ax.add_patch(Rectangle((start, y), length, 0.3, facecolor=colour, edgecolor="white", linewidth=1.0))
+            ax.add_patch(
+                Rectangle((start, track_y), length, 0.3, facecolor=track_colour, edgecolor="white", linewidth=1.0)
+            )
         plural = "run" if len(runs) == 1 else "runs"
-        ax.text(0, y + 0.36, f"{name}: {len(runs)} {plural}", ha="left", va="bottom", fontsize=7)
+        ax.text(0, track_y + 0.36, f"{name}: {len(runs)} {plural}", ha="left", va="bottom", fontsize=7)
     ax.set_xlim(-1.2, row_length + 0.2)
     ax.set_ylim(0.15, 4.0)
     ax.set_yticks([])

@@ -1,17 +1,13 @@
 """Draw a radix tree with graphviz, so that a split, a lock or an eviction is something you *see*.
 
-Three steps, each its own piece:
-
-1. :meth:`TreeSnapshot.of` reads a manager's tree into plain, immutable values.
-   A node is named by its *token path* (every token from the root to the end
-   of the node). That name comes from content only, so the same operations
-   always give the same names, the same DOT text and the same SVG bytes --
-   no ``uid``, ``id()`` or memory address ever reaches a drawing.
-2. :func:`diff_snapshots` compares two snapshots and says what one operation
-   changed: which node was split, inserted or evicted, and which path a match
-   walked (:class:`TreeChanges`).
-3. :func:`draw_snapshot` (and the shortcut :func:`draw_tree`) turns a snapshot,
-   plus optional changes, into a :class:`TreeDrawing` (a ``graphviz.Digraph``).
+:func:`draw_snapshot` turns a :class:`~minikv.snapshot.TreeSnapshot` (the
+tree read into plain values, see :mod:`minikv.snapshot`), plus optional
+:class:`~minikv.snapshot.TreeChanges` (what one operation did, from
+:func:`~minikv.snapshot.diff_snapshots`), into a :class:`TreeDrawing` (a
+``graphviz.Digraph``); :func:`draw_tree` is the shortcut for a manager now.
+Nodes are named by their token path, so the same operations always give the
+same DOT text and the same SVG bytes -- no ``uid``, ``id()`` or memory address
+ever reaches a drawing.
 
 Every node's box shows its tokens (as words, through ``vocab``), the slot under
 each token, its ``ref_count`` and its LRU time. Fill colour says the node's
@@ -30,18 +26,36 @@ import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any
 
 import graphviz
 
-from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError, MiniKVError
+from ..snapshot import (
+    SLOT_STATES,
+    NodeView,
+    Path,
+    SlotOwnership,
+    TreeChanges,
+    TreeSnapshot,
+    VocabLike,
+    token_namer,
+    words,
+)
 
-Path = tuple[int, ...]
-"""A node's name: every token id from the root down to the node's last token. The root is ``()``."""
-
-VocabLike = Union[Mapping[int, Any], Callable[[int], Any], Sequence[str], None]
-"""How token ids become words: a dict ``id -> word``, a callable, a sequence indexed by id, or ``None`` (show ids)."""
+__all__ = [
+    "EVENT_BORDERS",
+    "LOOKS",
+    "STATE_WORDS",
+    "GraphvizMissingError",
+    "Look",
+    "TreeDrawing",
+    "draw_pool",
+    "draw_snapshot",
+    "draw_tree",
+    "node_id",
+    "render_svg",
+]
 
 
 class GraphvizMissingError(MiniKVError, RuntimeError):
@@ -71,7 +85,18 @@ LOOKS: Mapping[str, Look] = MappingProxyType(
         "free": Look("#f9fafb", "#d0d5dd"),
     }
 )
-"""State -> colours. ``requests`` and ``free`` are not tree states; the size plot uses them."""
+"""State -> colours. ``requests`` and ``free`` are not tree states; the size plot and the slot strip use them."""
+
+SLOT_LOOKS: Mapping[str, Look] = MappingProxyType(
+    {
+        "free": Look("#ffffff", "#98a2b3", "#475467"),
+        "evictable": LOOKS["evictable"],
+        "locked": LOOKS["protected"],
+        "request": LOOKS["requests"],
+        "conflict": Look("#d92d20", "#7a271a", "#ffffff"),
+    }
+)
+"""Slot state (see :data:`minikv.snapshot.SLOT_STATES`) -> colours of its cell in the slot strip."""
 
 EVENT_BORDERS: Mapping[str, str] = MappingProxyType({"inserted": "#7f56d9", "split": "#f79009", "walked": "#1570ef"})
 """What just happened to a node -> the colour of its thick border (and of the edge into it)."""
@@ -90,291 +115,37 @@ STATE_WORDS: Mapping[str, str] = MappingProxyType(
 )
 
 
-# -- token ids -> words ---------------------------------------------------------
-
-
-class Vocab(Mapping[int, str]):
-    """A toy word-level tokenizer, so the book can write ``vocab.encode("Hello world")``.
-
-    Each new word gets the next id, in order of first appearance, so the ids
-    are reproducible. It is a ``Mapping`` from id to word and can be passed
-    anywhere a ``vocab`` is accepted.
-    """
-
-    def __init__(self, words: Sequence[str] = ()) -> None:
-        self._ids: dict[str, int] = {}
-        self._words: list[str] = []
-        for word in words:
-            self.id_of(word)
-
-    def id_of(self, word: str) -> int:
-        if not isinstance(word, str) or not word:
-            raise ArgumentTypeError(f"word must be a non-empty str, got {word!r}")
-        if word not in self._ids:
-            self._ids[word] = len(self._words)
-            self._words.append(word)
-        return self._ids[word]
-
-    def encode(self, text: str) -> list[int]:
-        """Split ``text`` on whitespace and return one id per word (new words get new ids)."""
-        if not isinstance(text, str):
-            raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
-        return [self.id_of(word) for word in text.split()]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(self[int(i)] for i in ids)
-
-    def __getitem__(self, token: int) -> str:
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < len(self._words):
-            raise KeyError(token)
-        return self._words[token]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(len(self._words)))
-
-    def __len__(self) -> int:
-        return len(self._words)
-
-    def __repr__(self) -> str:
-        return f"Vocab({len(self._words)} words)"
-
-
-def token_namer(vocab: VocabLike) -> Callable[[int], str]:
-    """Turn ``vocab`` into a function ``id -> word``; ids it does not know are shown as numbers."""
-    if vocab is None:
-        return str
-    if isinstance(vocab, (str, bytes)):
-        raise ArgumentTypeError("vocab must be a dict id->word, a callable or a sequence of words, got a string")
-    if isinstance(vocab, Mapping):
-        return lambda token: str(vocab[token]) if token in vocab else str(token)
-    if callable(vocab):
-        return lambda token: str(vocab(token))
-    if isinstance(vocab, Sequence):
-        return lambda token: str(vocab[token]) if 0 <= token < len(vocab) else str(token)
-    raise ArgumentTypeError(
-        f"vocab must be a dict id->word, a callable or a sequence of words, got {type(vocab).__name__}"
-    )
-
-
-def words(tokens: Sequence[int], namer: Callable[[int], str], limit: int | None = None) -> str:
-    """``[Hello world]``-style text for captions: words joined by spaces, cut after ``limit`` tokens."""
-    shown = list(tokens if limit is None else tokens[:limit])
-    text = " ".join(_printable(namer(t)) for t in shown)
-    if limit is not None and len(tokens) > limit:
-        text += f" … (+{len(tokens) - limit})"
-    return text
-
-
-def _printable(word: str) -> str:
-    """Make whitespace-only and control-character words visible."""
-    word = word.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    return word if word.strip() else "␣" * max(1, len(word))
-
-
-# -- snapshots ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """One node as plain values, frozen at the moment of the snapshot."""
-
-    path: Path
-    """Token ids from the root to this node's end: the node's name."""
-    start: int
-    """How many of ``path``'s tokens belong to the ancestors."""
-    slots: tuple[int, ...]
-    ref_count: int
-    timestamp: int
-    children: tuple[Path, ...]
-    """Children's paths, sorted, so drawings order children the same way every time."""
-
-    @property
-    def tokens(self) -> Path:
-        """This node's own tokens (its edge label)."""
-        return self.path[self.start :]
-
-    @property
-    def parent(self) -> Path:
-        return self.path[: self.start]
-
-    @property
-    def is_root(self) -> bool:
-        return not self.path
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
-    @property
-    def state(self) -> str:
-        """``root``, ``protected``, ``evictable`` (an unlocked leaf) or ``interior`` (unlocked, with children)."""
-        if self.is_root:
-            return "root"
-        if self.ref_count > 0:
-            return "protected"
-        return "evictable" if self.is_leaf else "interior"
-
-
-@dataclass(frozen=True)
-class TreeSnapshot:
-    """A manager's tree at one moment, as immutable values keyed by token path."""
-
-    page_size: int
-    nodes: Mapping[Path, NodeView]
-    size_info: SizeInfo
-
-    @classmethod
-    def of(cls, manager: Any) -> TreeSnapshot:
-        """Read ``manager``'s tree without changing it (only public attributes are read).
-
-        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
-        around one, or any object with the same ``root_node`` structure.
-        """
-        root = getattr(manager, "root_node", None)
-        if root is None or not hasattr(root, "children"):
-            raise ArgumentTypeError(
-                f"manager must be a RadixCacheManager (something with a tree to draw), got {type(manager).__name__}"
-            )
-        page_size = int(getattr(manager, "page_size", 1))
-        nodes: dict[Path, NodeView] = {}
-        pending: list[tuple[Any, Path, int]] = [(root, (), 0)]
-        while pending:
-            node, path, start = pending.pop()
-            kids = sorted(
-                ((path + tuple(int(t) for t in child.key.tolist()), child) for child in node.children.values()),
-                key=lambda pair: pair[0],
-            )
-            slots = () if not path else tuple(int(s) for s in node.value.tolist())
-            children = tuple(p for p, _ in kids)
-            nodes[path] = NodeView(path, start, slots, int(node.ref_count), int(node.timestamp), children)
-            pending.extend((child, child_path, len(path)) for child_path, child in kids)
-        info = getattr(manager, "size_info", None)
-        if not isinstance(info, SizeInfo):
-            evictable = sum(len(v.tokens) for v in nodes.values() if not v.is_root and v.ref_count == 0)
-            protected = sum(len(v.tokens) for v in nodes.values() if not v.is_root and v.ref_count > 0)
-            info = SizeInfo(evictable, protected)
-        return cls(page_size, MappingProxyType(nodes), info)
-
-    @property
-    def root(self) -> NodeView:
-        return self.nodes[()]
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes, root excluded (as ``RadixCacheManager.num_nodes`` counts them)."""
-        return len(self.nodes) - 1
-
-    def depth_first(self) -> Iterator[NodeView]:
-        """Every node, root first, children in sorted order: the order drawings list them."""
-        stack = [self.root]
-        while stack:
-            view = stack.pop()
-            yield view
-            stack.extend(self.nodes[p] for p in reversed(view.children))
-
-    def path_along(self, tokens: Sequence[int]) -> tuple[Path, ...]:
-        """The nodes (root excluded) that end inside ``tokens``, top down: the path a match of ``tokens`` walks."""
-        tokens = tuple(int(t) for t in tokens)
-        return tuple(p for p in (tokens[:n] for n in range(1, len(tokens) + 1)) if p in self.nodes)
-
-
-@dataclass(frozen=True)
-class TreeChanges:
-    """What one operation did to the tree, by node path."""
-
-    walked: tuple[Path, ...] = ()
-    """Nodes on the path a match (or an insert's match) walked, top down."""
-    split: tuple[tuple[Path, Path], ...] = ()
-    """``(upper, lower)`` pairs: a node was cut into these two halves."""
-    split_before: tuple[NodeView, ...] = ()
-    """The nodes as they were before they were split, for captions."""
-    inserted: tuple[Path, ...] = ()
-    evicted: tuple[NodeView, ...] = ()
-    """Removed nodes as they were just before: drawn as ghosts."""
-    ref_changed: tuple[Path, ...] = ()
-    """Nodes whose ``ref_count`` changed (a lock or an unlock)."""
-
-    def event_of(self, path: Path) -> str | None:
-        """The one event a drawing shows for ``path``: inserted, then split, then walked."""
-        if path in self.inserted:
-            return "inserted"
-        if any(path in pair for pair in self.split):
-            return "split"
-        if path in self.walked:
-            return "walked"
-        return None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.walked or self.split or self.inserted or self.evicted or self.ref_changed)
-
-
-def diff_snapshots(before: TreeSnapshot, after: TreeSnapshot, walked: Sequence[int] = ()) -> TreeChanges:
-    """Say what changed between two snapshots of the same tree.
-
-    A node that is new in ``after`` is the upper half of a split when its path
-    ends strictly inside a node of ``before`` (that node, which keeps its path,
-    is the lower half); otherwise it was inserted. A node missing from ``after``
-    was evicted. ``walked`` is the matched token prefix, if the operation matched.
-    """
-    split: list[tuple[Path, Path]] = []
-    split_before: list[NodeView] = []
-    inserted: list[Path] = []
-    for view in after.depth_first():
-        path = view.path
-        if path in before.nodes:
-            continue
-        lower = next(
-            (
-                old
-                for old in before.nodes.values()
-                if len(old.path) > len(path) and old.start < len(path) and old.path[: len(path)] == path
-            ),
-            None,
-        )
-        if lower is not None:
-            split.append((path, lower.path))
-            split_before.append(lower)
-        else:
-            inserted.append(path)
-    evicted = tuple(v for v in before.depth_first() if v.path not in after.nodes)
-    ref_changed = tuple(
-        v.path for v in after.depth_first() if v.path in before.nodes and before.nodes[v.path].ref_count != v.ref_count
-    )
-    return TreeChanges(
-        walked=after.path_along(walked),
-        split=tuple(split),
-        split_before=tuple(split_before),
-        inserted=tuple(inserted),
-        evicted=evicted,
-        ref_changed=ref_changed,
-    )
-
-
 # -- the drawing ----------------------------------------------------------------
 
 
-class TreeDrawing(graphviz.Digraph):
+class TreeDrawing(graphviz.Digraph):  # type: ignore[misc]  # graphviz ships no type hints
     """A ``graphviz.Digraph`` of a radix tree, with a repr that never shows a memory address.
 
     In a notebook it displays as SVG (rendered by the ``dot`` program);
     ``.source`` is the DOT text, ``.svg()`` the SVG text.
     """
 
-    def __init__(self, *args: Any, tree_nodes: int = 0, ghost_nodes: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, tree_nodes: int = 0, ghost_nodes: int = 0, strip_slots: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tree_nodes = tree_nodes
         self.ghost_nodes = ghost_nodes
+        self.strip_slots = strip_slots
 
     def _copy_kwargs(self, **kwargs: Any) -> dict[str, Any]:
         # graphviz's own _copy_kwargs drops extra keywords, so add ours to its result.
-        copied = super()._copy_kwargs(**kwargs)
-        copied.update(tree_nodes=self.tree_nodes, ghost_nodes=self.ghost_nodes)
+        copied: dict[str, Any] = super()._copy_kwargs(**kwargs)
+        copied.update(tree_nodes=self.tree_nodes, ghost_nodes=self.ghost_nodes, strip_slots=self.strip_slots)
         return copied
 
     def __repr__(self) -> str:
-        ghosts = f", {self.ghost_nodes} just evicted" if self.ghost_nodes else ""
-        return f"<TreeDrawing: {self.tree_nodes} nodes{ghosts}>"
+        parts = [f"{self.tree_nodes} nodes"] if self.tree_nodes else []
+        if self.ghost_nodes:
+            parts.append(f"{self.ghost_nodes} just evicted")
+        if self.strip_slots:
+            parts.append(f"a strip of {self.strip_slots} slots")
+        return f"<TreeDrawing: {', '.join(parts) or '0 nodes'}>"
 
     def svg(self) -> str:
         """The drawing as SVG text (graphviz's version comment removed, so versions differ less)."""
@@ -417,6 +188,7 @@ def draw_tree(
     legend: bool = True,
     title: str | None = None,
     max_columns: int = 8,
+    pool: Any = None,
 ) -> TreeDrawing:
     """Draw ``manager``'s radix tree now.
 
@@ -424,9 +196,14 @@ def draw_tree(
     ``changes`` (from :func:`diff_snapshots`, or a recorder frame) highlights
     what the last operation did. ``max_columns`` caps the tokens (pages, when
     ``page_size > 1``) shown per node; the rest is summarised as "+N".
+    ``pool`` (a :class:`~minikv.PagePool`) adds a strip of its slots above the
+    tree: free, in the tree and evictable, in the tree and locked, or owned by
+    a running request (see :class:`~minikv.snapshot.SlotOwnership`).
     """
+    snapshot = TreeSnapshot.of(manager)
+    slots = None if pool is None else SlotOwnership.of(snapshot, pool)
     return draw_snapshot(
-        TreeSnapshot.of(manager), vocab, changes=changes, legend=legend, title=title, max_columns=max_columns
+        snapshot, vocab, changes=changes, legend=legend, title=title, max_columns=max_columns, slots=slots
     )
 
 
@@ -438,19 +215,22 @@ def draw_snapshot(
     legend: bool = True,
     title: str | None = None,
     max_columns: int = 8,
+    slots: SlotOwnership | None = None,
 ) -> TreeDrawing:
-    """Draw a :class:`TreeSnapshot` (see :func:`draw_tree`)."""
+    """Draw a :class:`TreeSnapshot` (see :func:`draw_tree`); ``slots`` adds the slot strip."""
     if not isinstance(snapshot, TreeSnapshot):
         raise ArgumentTypeError(f"snapshot must be a TreeSnapshot, got {type(snapshot).__name__}")
     if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
         raise ArgumentError(f"max_columns must be a positive int, got {max_columns!r}")
     if title is not None and not isinstance(title, str):
         raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
+    if slots is not None and not isinstance(slots, SlotOwnership):
+        raise ArgumentTypeError(f"slots must be a SlotOwnership, got {type(slots).__name__}")
     namer = token_namer(vocab)
     changes = changes or TreeChanges()
     ghosts = {v.path: v for v in changes.evicted}
     graph_attr = {"rankdir": "TB", "ordering": "out", "nodesep": "0.3", "ranksep": "0.45", "fontname": "Helvetica"}
-    label = _graph_label(snapshot, title, legend)
+    label = _graph_label(snapshot, title, legend, slots)
     if label:
         graph_attr.update(label=label, labelloc="t", labeljust="l", fontsize="12")
     drawing = TreeDrawing(
@@ -460,6 +240,7 @@ def draw_snapshot(
         edge_attr={"arrowsize": "0.6", "color": "#667085"},
         tree_nodes=len(snapshot.nodes),
         ghost_nodes=len(ghosts),
+        strip_slots=0 if slots is None else slots.num_slots,
     )
     for view in _with_ghosts(snapshot, ghosts):
         ghost = view.path in ghosts
@@ -471,7 +252,7 @@ def draw_snapshot(
 
 def _with_ghosts(snapshot: TreeSnapshot, ghosts: Mapping[Path, NodeView]) -> Iterator[NodeView]:
     """Depth-first over live nodes and ghosts together, ghosts under their former parent, sorted."""
-    children: dict[Path, list[Path]] = {p: list(v.children) for p, v in snapshot.nodes.items()}
+    children: dict[Path, list[Path]] = {p: list(v.child_paths) for p, v in snapshot.nodes.items()}
     for path, view in ghosts.items():
         children.setdefault(view.parent, []).append(path)
         children.setdefault(path, [])
@@ -550,10 +331,7 @@ def _node_label(view: NodeView, namer: Callable[[int], str], page_size: int, max
         more = sum(len(t) for t, _ in hidden)
         top += f'<TD ROWSPAN="2"><FONT POINT-SIZE="10">… +{more}</FONT></TD>'
     span = len(shown) + (1 if hidden else 0)
-    if ghost:
-        status = "evicted: slots freed"
-    else:
-        status = f"ref {view.ref_count} · t {view.timestamp}"
+    status = "evicted: slots freed" if ghost else f"ref {view.ref_count} · t {view.timestamp}"
     status_row = f'<TR><TD COLSPAN="{span}"><FONT POINT-SIZE="9">{_html(status)}</FONT></TD></TR>'
     spacing = ' CELLSPACING="2"' if paged else ' CELLSPACING="0"'
     return (
@@ -584,7 +362,9 @@ def _tooltip(view: NodeView, namer: Callable[[int], str], ghost: bool) -> str:
     return _dot_text(text)
 
 
-def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str | None:
+def _graph_label(
+    snapshot: TreeSnapshot | None, title: str | None, legend: bool, slots: SlotOwnership | None = None
+) -> str | None:
     """The graph's label, above the tree: the title and a compact legend, as one HTML-like table.
 
     A label does not take part in the layout of ranks, so the legend never
@@ -593,7 +373,9 @@ def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str
     rows = []
     if title:
         rows.append(f'<TR><TD ALIGN="LEFT"><B>{_html(title)}</B></TD></TR>')
-    if legend:
+    if slots is not None:
+        rows.append(f'<TR><TD ALIGN="LEFT">{_slot_strip(slots, legend)}</TD></TR>')
+    if legend and snapshot is not None:
         entries = [_legend_entry(key) for key in LEGEND_ORDER]
         grid = "".join("<TR>" + "".join(entries[i : i + 2]) + "</TR>" for i in range(0, len(entries), 2))
         rows.append(f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{grid}</TABLE></TD></TR>')
@@ -608,6 +390,69 @@ def _graph_label(snapshot: TreeSnapshot, title: str | None, legend: bool) -> str
     if not rows:
         return None
     return '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">' + "".join(rows) + "</TABLE>>"
+
+
+SLOTS_PER_ROW = 16
+"""The slot strip wraps after this many slots (rounded down to whole pages)."""
+
+
+def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
+    """The pool as a row of numbered cells, one per slot, coloured by owner; with ``legend``, what each colour means."""
+    per_row = max(slots.page_size, SLOTS_PER_ROW // slots.page_size * slots.page_size)
+    size = 'WIDTH="22" HEIGHT="18" FIXEDSIZE="TRUE"'
+    cells = []
+    for slot, state in enumerate(slots.states):
+        look = SLOT_LOOKS[state]
+        cells.append(
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" {size}>'
+            f'<FONT POINT-SIZE="9" COLOR="{look.text}">{slot}</FONT></TD>'
+        )
+    rows = []
+    for start in range(0, len(cells), per_row):
+        row = cells[start : start + per_row]
+        head = '<TD ALIGN="RIGHT"><FONT POINT-SIZE="10">slots</FONT></TD>' if start == 0 else "<TD></TD>"
+        rows.append(f"<TR>{head}{''.join(row)}</TR>")
+    strip = '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="0">' + "".join(rows) + "</TABLE>"
+    if not legend:
+        return strip
+    counts = slots.counts()
+    entries = []
+    for state, meaning in SLOT_STATES.items():
+        look = SLOT_LOOKS[state]
+        entries.append(
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" WIDTH="12" HEIGHT="12" FIXEDSIZE="TRUE"></TD>'
+            f'<TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(meaning)}: {counts[state]}</FONT></TD>'
+        )
+    key = "".join("<TR>" + "".join(entries[i : i + 3]) + "</TR>" for i in range(0, len(entries), 3))
+    return (
+        '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+        f'<TR><TD ALIGN="LEFT">{strip}</TD></TR>'
+        f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{key}</TABLE></TD></TR>'
+        "</TABLE>"
+    )
+
+
+def draw_pool(pool: Any, manager: Any = None, *, title: str | None = None, legend: bool = True) -> TreeDrawing:
+    """Draw only the slot strip of ``pool``: who owns each slot, with ``manager``'s tree (if it has one) as owner.
+
+    Useful where there is no tree to draw, e.g. beside a
+    :class:`~minikv.NaiveCacheManager`, which holds nothing: every slot that is
+    not free is owned by a running request.
+    """
+    if title is not None and not isinstance(title, str):
+        raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
+    has_tree = manager is not None and hasattr(getattr(manager, "root_node", None), "children")
+    snapshot = TreeSnapshot.of(manager) if has_tree else None
+    owners = SlotOwnership.of(snapshot, pool)
+    label = _graph_label(None, title, legend, owners)
+    drawing = TreeDrawing(
+        name="slot_pool",
+        graph_attr={"label": label or "", "labelloc": "t", "labeljust": "l", "fontname": "Helvetica", "margin": "0.1"},
+        node_attr={"shape": "point", "style": "invis", "width": "0", "height": "0"},
+        strip_slots=owners.num_slots,
+    )
+    drawing.node("anchor", "")  # dot draws nothing for a graph without nodes
+    return drawing
 
 
 LEGEND_ORDER = ("protected", "evictable", "interior", "evicted", "split", "inserted", "walked")
@@ -631,4 +476,4 @@ def _html(text: str) -> str:
 
 def _dot_text(text: str) -> str:
     """Plain text for a DOT attribute: backslashes kept literal, never read as an HTML-like label."""
-    return graphviz.nohtml(text.replace("\\", "\\\\"))
+    return str(graphviz.nohtml(text.replace("\\", "\\\\")))

@@ -1,0 +1,112 @@
+"""minikv.demo: the helpers the book's demonstrations share."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minikv import NaiveCacheManager, RadixCacheManager, admit, finish
+from minikv.demo import (
+    Server,
+    html_table,
+    new_server,
+    print_captions,
+    print_tree,
+    say,
+    show_error,
+    token_kv,
+    tokens_in_slots,
+)
+from minikv.errors import ArgumentError, ArgumentTypeError, OutOfSlotsError
+from minikv.lifecycle import store
+from minikv.viz import TreeRecorder
+from minikv.vocab import Vocab
+
+
+def test_say_wraps_to_the_page(capsys: pytest.CaptureFixture[str]) -> None:
+    say("word " * 40, "  ")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(len(line) <= 76 for line in lines)
+    assert lines[0].startswith("  word") and lines[1].startswith("      word")
+    say("short", width=10)
+    assert capsys.readouterr().out == "short\n"
+
+
+def test_show_error(capsys: pytest.CaptureFixture[str]) -> None:
+    show_error(OutOfSlotsError("no room"), "admit: ")
+    assert capsys.readouterr().out == "admit: OutOfSlotsError: no room\n"
+    with pytest.raises(ArgumentTypeError):
+        show_error("not an error")
+
+
+def test_token_kv_and_read_back() -> None:
+    kv_fn = token_kv(num_kv_heads=2, head_dim=3)
+    k, v = kv_fn(0, torch.tensor([5, 6, 7]), 1)
+    assert k.shape == (2, 2, 3) and k.dtype == torch.float32
+    assert k[:, 0, 0].tolist() == [6, 7] and torch.equal(v, -k) and bool((k[1] == 7).all())
+    with pytest.raises(ArgumentError, match="head_dim"):
+        token_kv(head_dim=0)
+
+
+def test_new_server_with_cached_prompts() -> None:
+    server = new_server(12, cached=[[1, 2, 3], [1, 2, 4]])
+    manager, pool, kv_cache = server
+    assert isinstance(server, Server) and isinstance(manager, RadixCacheManager)
+    assert server.kv_cache is kv_cache and kv_cache.num_layers == 1
+    handle, slots = manager.match_prefix([1, 2, 4, 9])
+    assert handle.cached_len == 3 and tokens_in_slots(kv_cache, slots) == [1, 2, 4]
+    assert pool.num_free_slots + manager.size_info.total_size == 12  # no slot is lost
+    manager.check_integrity()
+
+
+def test_new_server_paged_and_layered() -> None:
+    manager, pool, kv_cache = new_server(16, page_size=4, num_layers=2, num_kv_heads=2, cached=[list(range(8))])
+    handle, slots = manager.match_prefix(list(range(8)))
+    assert handle.cached_len == 8
+    assert tokens_in_slots(kv_cache, slots, layer=1) == list(range(8))
+    assert pool.page_size == kv_cache.page_size == 4
+
+
+def test_lifecycle_by_hand_reads_back_the_tokens() -> None:
+    manager, pool, kv_cache = new_server(8)
+    request = admit(manager, pool, [3, 1, 4])
+    store(request, kv_cache, token_kv())
+    assert tokens_in_slots(kv_cache, request.indices) == [3, 1, 4]
+    finish(manager, pool, request)
+
+
+def test_new_server_naive_and_bad_arguments() -> None:
+    manager, _, _ = new_server(4, manager="naive")
+    assert isinstance(manager, NaiveCacheManager)
+    with pytest.raises(ArgumentError, match="radix"):
+        new_server(4, manager="lru")
+    with pytest.raises(ArgumentError, match="whole number of pages"):
+        new_server(6, page_size=4)
+    with pytest.raises(ArgumentError, match="num_slots"):
+        new_server(0)
+    with pytest.raises(ArgumentError, match="naive"):
+        new_server(8, manager="naive", page_size=2)
+
+
+def test_print_tree_and_captions(capsys: pytest.CaptureFixture[str]) -> None:
+    vocab = Vocab()
+    rec = TreeRecorder(RadixCacheManager(), vocab)
+    rec.insert_prefix(vocab.encode("Hello world"), [0, 1])
+    print_captions(rec.frames)
+    assert capsys.readouterr().out.splitlines() == [
+        "0 | start: the tree is empty",
+        "1 | insert [Hello world]: added [Hello world] (2 slots); 0 tokens already",
+        "    cached (the return value)",
+    ]
+    print_tree(rec, vocab, values=False)
+    assert capsys.readouterr().out.splitlines()[1] == "└─ [Hello world] · ref 0 · t=1"
+
+
+def test_html_table() -> None:
+    table = html_table(["name", "n"], [["<code>a</code>", 1], ["b", 22]], "lr")
+    text = table.data
+    assert text.count("<tr>") == 3 and "<code>a</code>" in text
+    assert 'text-align:right; vertical-align:top; padding:2px 8px; white-space:nowrap;">22</td>' in text
+    assert "nowrap" not in html_table(["x"], [["y"]], nowrap=False).data
+    with pytest.raises(ArgumentError, match="align"):
+        html_table(["x"], [], "c")
