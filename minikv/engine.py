@@ -32,11 +32,15 @@ prefix, the newest running request is preempted (as nano-vllm does) and put back
 at the front of the waiting queue. Preemption *inserts its finished prefix
 first*, through the same :meth:`Engine._release` a finished request takes,
 rather than freeing its slots: one code path instead of two, and the K/V it
-computed become an ordinary unlocked prefix. If nobody needs that room, the
-request resumes with a cache hit and recomputes only its last page; if
-somebody does, LRU evicts it like any other prefix (it was just used, so it goes
-last). It resumes by prefilling prompt + generated tokens, so greedy decoding
-continues exactly where it stopped. To keep the oldest requests moving,
+computed become an ordinary unlocked prefix. Whether that pays depends on what
+the allocation that needed the room does next. It evicts least recently used
+leaves, whole: with ``page_size`` 1 the victim's new leaf is usually all there
+is to evict, so it goes, and the resume recomputes what it had generated (as if
+its slots had been freed, plus one insert). With pages, releasing frees the
+victim's partial last page at once, which is often room enough: the leaf
+survives and the resume matches its generated tokens back. Either way it
+resumes by prefilling prompt + generated tokens, so greedy decoding continues
+exactly where it stopped. To keep the oldest requests moving,
 admission holds back one page per running request for its next decode.
 
 **Overlap** (``overlap=True``). mini-sglang prepares batch N+1 on the CPU while
@@ -122,6 +126,8 @@ class EngineRequest:
         self.cached_tokens = -1
         """Prompt tokens served from the cache at its first admission (-1 until admitted)."""
         self.num_preemptions = 0
+        self.admissions: list[int] = []
+        """The cached length each admission matched (more than one after a preemption)."""
 
     @property
     def token_ids(self) -> np.ndarray:
@@ -383,6 +389,7 @@ class Engine:
         request.status = Status.RUNNING
         if request.cached_tokens < 0:
             request.cached_tokens = cached
+        request.admissions.append(cached)
         self.stats.cached_tokens += cached
         self.stats.prefill_tokens += len(ids) - cached
         return True
