@@ -33,14 +33,13 @@ at the front of the waiting queue. Preemption *inserts its finished prefix
 first*, through the same :meth:`Engine._release` a finished request takes,
 rather than freeing its slots: one code path instead of two, and the K/V it
 computed become an ordinary unlocked prefix. Whether that pays depends on what
-the allocation that needed the room does next. It evicts least recently used
-leaves, whole: with ``page_size`` 1 the victim's new leaf is usually all there
-is to evict, so it goes, and the resume recomputes what it had generated (as if
-its slots had been freed, plus one insert). With pages, releasing frees the
-victim's partial last page at once, which is often room enough: the leaf
-survives and the resume matches its generated tokens back. Either way it
-resumes by prefilling prompt + generated tokens, so greedy decoding continues
-exactly where it stopped. To keep the oldest requests moving,
+the allocation that needed the room evicts next: least recently used leaves,
+whole. The victim's leaf is the newest, so older unlocked leaves go first and
+the resume matches its generated tokens back; when it is all there is to
+evict, it goes whole and the resume recomputes what it had generated (as if its
+slots had been freed, plus one insert). With pages, releasing also frees the
+victim's partial last page at once. Either way it resumes by prefilling
+prompt + generated tokens, so greedy decoding continues exactly where it stopped. To keep the oldest requests moving,
 admission holds back one page per running request for its next decode.
 
 **Overlap** (``overlap=True``). mini-sglang prepares batch N+1 on the CPU while
@@ -193,6 +192,9 @@ class Engine:
     """A waiting queue, a running batch, and a step that runs one batch.
 
     ``max_running`` bounds the running batch (and the rows of ``req_to_token``).
+    ``insert_after_prefill`` shares a request's prompt pages as soon as they are
+    prefilled, as mini-sglang and SGLang do; without it a prompt is cached only
+    when its request finishes, so requests running side by side never share.
     ``overlap`` schedules one step ahead, as described in the module docstring;
     ``unsafe_early_free`` exists only to show what goes wrong without the delay.
     """
@@ -205,6 +207,7 @@ class Engine:
         kv_cache: BaseKVCache,
         max_running: int = 8,
         overlap: bool = False,
+        insert_after_prefill: bool = True,
         unsafe_early_free: bool = False,
     ) -> None:
         if not isinstance(model, TinyDecoder):
@@ -221,6 +224,7 @@ class Engine:
         self.page_size = pool.page_size
         self.max_running = as_positive(max_running, "max_running")
         self.overlap = bool(overlap)
+        self.insert_after_prefill = bool(insert_after_prefill)
         self.unsafe_early_free = bool(unsafe_early_free)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -475,11 +479,42 @@ class Engine:
                 if request in self.running:
                     self.running.remove(request)
                 self.finished.append(request)
+        if batch.kind == "prefill" and self.insert_after_prefill:
+            for request, end in zip(batch.requests, batch.ends, strict=True):
+                if not request.finished and request.row >= 0:
+                    self._insert_unfinished(request, end)
         # Release only what no launched batch still reads: one step late when overlapping.
         in_flight = self._in_flight.requests if self._in_flight is not None else []
         for request in batch.requests:
             if request.finished and request.row >= 0 and request not in in_flight:
                 self._release(request)
+
+    def _insert_unfinished(self, request: EngineRequest, end: int) -> None:
+        """Share a running request's prefilled pages at once (mini-sglang's ``cache_req(finished=False)``).
+
+        Insert the whole pages of its first ``end`` tokens, then match them back:
+        where another request inserted the same tokens first, the tree's slots
+        replace ours in the request's row and ours are freed (SGLang remaps the
+        row too; freeing without remapping is mini-sglang's open bug #142). The
+        lock moves from the old match to the new, longer one.
+        """
+        assert request.handle is not None
+        aligned = end - end % self.page_size
+        cached = request.cached_len
+        if aligned <= cached:
+            return  # no new whole page to share
+        slots = self.req_to_token[request.row, :aligned].clone()
+        ids = torch.from_numpy(request.token_ids[:aligned])
+        with self._cache_time():
+            already = self.cache.insert_prefix(ids, slots)
+            handle, tree_slots = self.cache.match_prefix(ids)
+            self.cache.lock_handle(handle)
+            self.cache.lock_handle(request.handle, unlock=True)
+            duplicates_end = min(already, handle.cached_len)  # (the naive manager keeps nothing: no duplicates)
+            if duplicates_end > cached:
+                self.pool.free(slots[cached:duplicates_end])
+        self.req_to_token[request.row, : handle.cached_len] = tree_slots
+        request.handle = handle
 
     def _drain(self) -> None:
         batch, self._in_flight = self._in_flight, None
@@ -534,6 +569,7 @@ def make_engine(
     manager: str = "radix",
     max_running: int = 8,
     overlap: bool = False,
+    insert_after_prefill: bool = True,
     unsafe_early_free: bool = False,
 ) -> Engine:
     """An engine with a fresh manager (``"radix"`` or ``"naive"``), pool and K/V storage shaped for ``model``."""
@@ -559,7 +595,7 @@ def make_engine(
         model.device,
         page_size,
     )
-    return Engine(model, cache, pool, kv_cache, max_running, overlap, unsafe_early_free)
+    return Engine(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, unsafe_early_free)
 
 
 def recompute(

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from minikv import RadixCacheManager
-from minikv.engine import Engine, EngineRequest, make_engine, recompute, tree_slots
+from minikv.engine import Engine, EngineRequest, Status, make_engine, recompute, tree_slots
 from minikv.errors import ArgumentError, ArgumentTypeError, MiniKVError
 from minikv.tiny_model import TinyDecoder
 
@@ -142,9 +142,9 @@ def test_outputs_survive_eviction_and_preemption(
 def test_a_preempted_request_can_resume_from_its_own_inserted_prefix(
     model: TinyDecoder, prompts: list[list[int]], expected: list[list[int]]
 ) -> None:
-    """Preemption inserts the computed prefix. With pages, its partial last page is freed, which can be
-    room enough: the prefix survives and the resume matches generated tokens back (beyond the prompt)."""
-    engine = make_engine(model, 15, page_size=4, max_running=4)
+    """Preemption inserts the computed prefix; when eviction takes older leaves first, the resume
+    matches generated tokens back (beyond the prompt) instead of recomputing them."""
+    engine = make_engine(model, 13, page_size=4, max_running=4)
     requests = [engine.submit(EngineRequest(p, 10)) for p in prompts]
     engine.run()
     assert [r.output for r in requests] == expected
@@ -186,6 +186,41 @@ def test_duplicates_are_freed_when_two_requests_compute_the_same_prefix(model: T
     assert run_checked(engine, [prompt, prompt], 4) == [recompute(model, prompt, 4)] * 2
     assert engine.cache.size_info.total_size == len(prompt) + 3
     assert len(tree_slots(engine.cache)) == len(prompt) + 3
+
+
+@pytest.mark.parametrize("after_prefill", [True, False])
+def test_prompts_are_shared_as_soon_as_they_are_prefilled(model: TinyDecoder, after_prefill: bool) -> None:
+    """mini-sglang inserts a prompt right after its prefill; inserting only at finish shares nothing
+    between requests that run side by side."""
+    prompt = shared_prompts(1, system=12, seed=6)[0]
+    engine = make_engine(model, 200, insert_after_prefill=after_prefill)
+    first = engine.submit(EngineRequest(prompt, 8))
+    engine.step()  # first's prefill
+    second = engine.submit(EngineRequest([*prompt, 1, 2], 8))
+    engine.step()  # second's prefill, while first is still running
+    engine.check()
+    assert first.status is second.status is Status.RUNNING
+    assert second.cached_tokens == (len(prompt) if after_prefill else 0)
+    engine.run()
+    engine.check()
+    assert [first.output, second.output] == [recompute(model, prompt, 8), recompute(model, [*prompt, 1, 2], 8)]
+
+
+def test_a_prompt_prefilled_twice_in_one_batch_is_remapped_to_the_tree_copy(model: TinyDecoder) -> None:
+    """Both compute it; the second insert finds it cached, frees its own copies and points its row
+    at the tree's slots (freeing without remapping is mini-sglang's open bug #142)."""
+    prompt = shared_prompts(1, seed=7)[0]
+    engine = make_engine(model, 100, page_size=4)
+    a, b = engine.submit(EngineRequest(prompt, 5)), engine.submit(EngineRequest(prompt, 5))
+    batch = engine.step()
+    assert batch is not None and batch.kind == "prefill" and len(batch.requests) == 2
+    engine.check()
+    shared = len(prompt) - len(prompt) % 4
+    assert a.cached_len == b.cached_len == shared
+    assert torch.equal(engine.req_to_token[a.row, :shared], engine.req_to_token[b.row, :shared])
+    engine.run()
+    engine.check()
+    assert a.output == b.output == recompute(model, prompt, 5)
 
 
 def test_admission_rechecks_after_locking(model: TinyDecoder) -> None:

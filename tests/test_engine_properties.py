@@ -65,6 +65,7 @@ def workloads(draw: st.DrawFn, tight: bool = False) -> dict[str, object]:
         "num_pages": draw(st.integers(fewest, fewest + (8 if tight else 24) // page_size)),
         "max_running": draw(st.integers(2 if tight else 1, 4)),
         "overlap": draw(st.booleans()),
+        "insert_after_prefill": draw(st.booleans()),
     }
 
 
@@ -82,7 +83,13 @@ def test_random_workloads_under_memory_pressure(work: dict) -> None:
 
 def run_and_check(work: dict) -> None:
     engine = make_engine(
-        MODEL, work["num_pages"], work["page_size"], work["manager"], work["max_running"], work["overlap"]
+        MODEL,
+        work["num_pages"],
+        work["page_size"],
+        work["manager"],
+        work["max_running"],
+        work["overlap"],
+        work["insert_after_prefill"],
     )
     requests = [engine.submit(EngineRequest(list(p), n, work["stops"])) for p, n in work["requests"]]
     steps = 0
