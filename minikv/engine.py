@@ -184,6 +184,8 @@ class EngineStats:
     """Host time inside :meth:`Engine.step`."""
     model_seconds: float = 0.0
     """Time in the model's forward passes."""
+    prefill_seconds: float = 0.0
+    """The part of ``model_seconds`` spent in prefill batches (what a prefix cache saves)."""
     cache_seconds: float = 0.0
     """Time in the cache manager and the pool: match, lock, allocate (with eviction), insert, free."""
 
@@ -462,7 +464,10 @@ class Engine:
             next_ids = logits.argmax(dim=-1)
             self.token_pool[rows, positions + 1] = next_ids
             tokens = next_ids.tolist()  # the one transfer to the host per step
-        self.stats.model_seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.stats.model_seconds += elapsed
+        if batch.kind == "prefill":
+            self.stats.prefill_seconds += elapsed
         return tokens
 
     def _collect(self, batch: Batch) -> None:
