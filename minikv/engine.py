@@ -102,7 +102,10 @@ class EngineRequest:
         if len(self.prompt) == 0:
             raise ArgumentError("prompt must hold at least one token")
         self.max_new_tokens = as_positive(max_new_tokens, "max_new_tokens")
-        stops = list(stop_tokens)
+        try:
+            stops = list(stop_tokens)
+        except TypeError:
+            raise ArgumentTypeError(f"stop_tokens must be a list of ints, got {type(stop_tokens).__name__}") from None
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in stops):
             raise ArgumentTypeError("stop_tokens must contain only ints")
         self.stop_tokens = frozenset(int(t) for t in stops)
@@ -278,7 +281,7 @@ class Engine:
             )
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._in_flight)
+        return bool(self.waiting or self.running) or self._in_flight is not None
 
     def step(self) -> Batch | None:
         """Schedule and run one batch (overlap: launch one, collect the previous). Returns what was scheduled."""

@@ -329,6 +329,8 @@ def test_requests_that_cannot_be_built() -> None:
         EngineRequest([1, 2], 2.0)  # type: ignore[arg-type]
     with pytest.raises(ArgumentTypeError, match="stop_tokens"):
         EngineRequest([1, 2], 2, stop_tokens=[1.5])  # type: ignore[list-item]
+    with pytest.raises(ArgumentTypeError, match="stop_tokens"):
+        EngineRequest([1, 2], 2, stop_tokens=7)  # type: ignore[arg-type]
     for error in (ArgumentError, ArgumentTypeError):
         assert issubclass(error, MiniKVError)
 
