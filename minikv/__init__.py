@@ -2,10 +2,11 @@
 
 Storage layer: :class:`MHAKVCache` and :func:`store_cache`.
 Management layer: :class:`NaiveCacheManager` and :class:`RadixCacheManager`.
-Around them: :class:`PagePool` and the request lifecycle (:mod:`minikv.lifecycle`).
+Around them: :class:`PagePool`, the request lifecycle (:mod:`minikv.lifecycle`) and a
+small serving engine (:class:`Engine`, :mod:`minikv.engine`).
 """
 
-from . import block_manager, errors, tiny_model
+from . import block_manager, engine, errors, tiny_model
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache, KVCacheLayout, SizeInfo
 from .capacity import (
     MODELS,
@@ -15,6 +16,7 @@ from .capacity import (
     tokens_that_fit,
     tokens_that_fit_beside_weights,
 )
+from .engine import Engine, EngineRequest
 from .kernels import INTERPRETED, store_cache, store_cache_reference
 from .lifecycle import Request, admit, finish, serve
 from .mha_pool import MHAKVCache
@@ -30,6 +32,8 @@ __all__ = [
     "BaseCacheHandle",
     "BaseCacheManager",
     "BaseKVCache",
+    "Engine",
+    "EngineRequest",
     "KVCacheLayout",
     "MHAKVCache",
     "ModelShape",
@@ -43,6 +47,7 @@ __all__ = [
     "SizeInfo",
     "admit",
     "block_manager",
+    "engine",
     "errors",
     "finish",
     "kv_bytes_per_token",

@@ -3,9 +3,11 @@
 The rest of minikv moves slot indices around; this module is where they are
 *used*. ``prefill`` computes only the tokens after the cached prefix, writes
 their K/V into their slots with ``store_kv``, and then attends over the whole
-prompt by gathering K/V rows back out of the cache by slot. If the slot
-bookkeeping is right, its logits equal ``forward``'s, which recomputes every
-token and never touches a cache; if a slot was handed to someone else, they do not.
+prompt by gathering K/V rows back out of the cache by slot. ``decode`` does the
+same for one new token per request of a batch, each attending over its own
+slots. If the slot bookkeeping is right, their logits equal ``forward``'s, which
+recomputes every token and never touches a cache; if a slot was handed to
+someone else, they do not.
 
 The weights are random (seeded): the model predicts nothing useful, but every
 logit depends on every earlier token's K/V, which is all a cache test needs.
@@ -141,7 +143,8 @@ class TinyDecoder:
         cached_len = as_count(cached_len, "cached_len")
         if cached_len >= len(ids):
             raise ArgumentError(
-                f"cached_len must be < len(input_ids) ({len(ids)}): at least one token must be computed, got {cached_len}"
+                f"cached_len must be < len(input_ids) ({len(ids)}): at least one token must be computed, "
+                f"got {cached_len}"
             )
         if store_backend not in BACKENDS:
             raise ArgumentError(f"store_backend must be one of {BACKENDS}, got {store_backend!r}")
@@ -157,7 +160,47 @@ class TinyDecoder:
             x = self._finish_layer(x, self._attend(q, k_all, v_all, q_start=cached_len), layer)
         return _rms_norm(x) @ self.lm_head
 
-    # -- the layer, shared by forward and prefill so that they differ only in where K/V come from --
+    def decode(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        positions: Sequence[int],
+        kv_cache: BaseKVCache,
+        out_loc: torch.Tensor,
+        slots: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits ``(batch, vocab_size)`` for one new token per request of a decode batch.
+
+        Request ``b``'s token ``input_ids[b]`` sits at position ``positions[b]``.
+        Its K/V are written to slot ``out_loc[b]``, then it attends over
+        ``slots[b]``: the slots of that request's tokens ``0..positions[b]``, in
+        order, the last one being ``out_loc[b]`` (a server's ``req_to_token`` row).
+        The batch shares every matrix multiply; only attention runs per request,
+        over that request's own slots (real servers do this in one varlen kernel).
+        """
+        ids = self._token_ids(input_ids)
+        self._check_cache(kv_cache)
+        batch = len(ids)
+        if len(positions) != batch or len(slots) != batch:
+            raise ArgumentError(
+                f"positions and slots need one entry per token ({batch}), got {len(positions)} and {len(slots)}"
+            )
+        starts = [as_count(p, "positions") for p in positions]
+        if max(starts) >= self.max_positions:
+            raise ArgumentError(f"positions: {max(starts)} is beyond max_positions ({self.max_positions})")
+        out_loc = self._slot_indices(out_loc, batch, kv_cache)
+        tables = [self._slot_indices(s, start + 1, kv_cache) for s, start in zip(slots, starts, strict=True)]
+        x = self.embed[ids] + self.positions[torch.tensor(starts, device=self.device)]
+        for layer in range(self.num_layers):
+            q, k, v = self._qkv(x, layer)
+            kv_cache.store_kv(k, v, out_loc, layer)  # every request's new row, in one store
+            attention = []
+            for b, table in enumerate(tables):
+                k_all, v_all = gather_kv(kv_cache, layer, table)
+                attention.append(self._attend(q[b : b + 1], k_all, v_all, q_start=starts[b]))
+            x = self._finish_layer(x, torch.cat(attention), layer)
+        return _rms_norm(x) @ self.lm_head
+
+    # -- the layer, shared by forward, prefill and decode so that they differ only in where K/V come from --
 
     def _embed(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         return self.embed[ids] + self.positions[start : start + len(ids)]
@@ -207,7 +250,8 @@ class TinyDecoder:
         heads, dim = kv_cache.k_cache(0).shape[2:]
         if (heads, dim) != (self.num_kv_heads, self.head_dim):
             raise ArgumentError(
-                f"kv_cache stores {heads} KV heads of dim {dim}, the model needs {self.num_kv_heads} of dim {self.head_dim}"
+                f"kv_cache stores {heads} KV heads of dim {dim}, "
+                f"the model needs {self.num_kv_heads} of dim {self.head_dim}"
             )
         if kv_cache.dtype != self.dtype or kv_cache.device != self.device:
             raise ArgumentError(

@@ -55,3 +55,17 @@ def test_store_quick_writes_every_row(tmp_path: Path) -> None:
     doc = run_benchmark("store", ["--quick", "--device", "cpu"], tmp_path)
     assert doc["quick"] is True and {r["tokens"] for r in doc["rows"]} == {256}
     assert {"memcpy", "store_cache[torch]"} <= {r["variant"] for r in doc["rows"]}
+
+
+def test_engine_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: Path) -> None:
+    doc = run_benchmark("engine", ["--quick"], tmp_path)  # the script asserts identical tokens in every variant
+    assert doc["quick"] is True
+    rows = {(r["workload"], r["variant"]): r for r in doc["rows"]}
+    assert {w for w, _ in rows} == {"shared_prompt", "few_shot", "multi_turn"}
+    for workload in ("shared_prompt", "few_shot", "multi_turn"):
+        naive, radix = rows[(workload, "naive")], rows[(workload, "radix ps=1")]
+        assert naive["hit_rate"] == 0 and radix["prefill_tokens"] < naive["prefill_tokens"]
+        assert radix["hit_rate"] <= radix["optimal_hit_rate"]
+    assert rows[("shared_prompt", "radix ps=1")]["hit_vs_optimal"] == 1.0
+    assert any(r["preemptions"] > 0 for r in doc["rows"] if r["variant"].endswith("tight"))
+    assert doc["curve"] and all(0 < r["cache_share"] < 1 for r in doc["rows"])

@@ -1,0 +1,627 @@
+"""``Engine``: a small serving loop -- requests that generate, batched, over the paged prefix cache.
+
+Read this file beside the engine chapter. The pieces, and who owns what::
+
+    Engine (this file): waiting queue, running batch, one step at a time
+      |- cache manager   match_prefix / lock_handle / insert_prefix / evict   (which prefixes stay)
+      |- PagePool        allocate(evict_from=cache) / free                    (which pages nobody holds)
+      |- req_to_token    one row of slots per running request                 (where each token's K/V live)
+      |- MHAKVCache      store_kv / k_cache / v_cache                         (the K/V themselves)
+      '- TinyDecoder     prefill / decode                                     (reads K/V back by slot)
+
+A request goes through
+
+1. **admission** (:meth:`Engine._admit`): match ``ids[:-1]`` (a server must compute
+   at least the last token to get its logits; the match is page-aligned), check
+   that the uncached suffix fits, lock the match, check *again* (locking made
+   our own match unevictable, exactly as mini-sglang's ``PrefillAdder`` does),
+   then allocate -- evicting unlocked prefixes if the pool is short;
+2. **prefill**: the uncached suffix is computed, its K/V written through
+   ``store_kv``; the last position's logits give the first new token;
+3. **decode**, one token per step: a slot for the token fed in (a new page only
+   when the request's last page is full), its K/V written, attention over the
+   request's slots read back through the cache;
+4. **release** (:meth:`Engine._release`), when it finishes (stop token or
+   budget): the tokens whose K/V exist (prompt and generated) are inserted into
+   the tree, the slots the tree did not take (duplicates of what another request
+   inserted meanwhile, and a partial last page) are freed exactly as
+   :func:`minikv.lifecycle.finish` frees them, and the lock is released.
+
+**Preemption.** When decode cannot get a slot even after evicting every unlocked
+prefix, the newest running request is preempted (as nano-vllm does) and put back
+at the front of the waiting queue. Preemption *inserts its finished prefix
+first*, through the same :meth:`Engine._release` a finished request takes,
+rather than freeing its slots: one code path instead of two, and the K/V it
+computed become an ordinary unlocked prefix. Whether that pays depends on what
+the allocation that needed the room evicts next: least recently used leaves,
+whole. The victim's leaf is the newest, so older unlocked leaves go first and
+the resume matches its generated tokens back; when it is all there is to
+evict, it goes whole and the resume recomputes what it had generated (as if its
+slots had been freed, plus one insert). With pages, releasing also frees the
+victim's partial last page at once. Either way it resumes by prefilling
+prompt + generated tokens, so greedy decoding continues exactly where it stopped. To keep the oldest requests moving,
+admission holds back one page per running request for its next decode.
+
+**Overlap** (``overlap=True``). mini-sglang prepares batch N+1 on the CPU while
+the GPU runs batch N. This engine imitates that: a batch is *launched* when it
+is scheduled and *runs* only when its results are collected, one step later,
+reading the token ids and slots it needs from the device-side tables
+(``token_pool``, ``req_to_token``) at that moment. So the scheduler decides
+batch N+1 before it knows batch N's tokens: a request that hit a stop token in
+batch N has already been scheduled into N+1 (its extra token is dropped), and
+a request whose budget runs out in batch N is released only after N's results
+are in -- one step late. ``unsafe_early_free=True`` releases it as soon as the
+scheduler knows it is done instead; its row of ``req_to_token`` then goes to
+the next request while batch N has not yet read it, and batch N computes the
+last token from someone else's slots (the tests show the wrong output).
+When decode would need a preemption, overlap mode first collects the batch in
+flight (its results may free enough) and then schedules as the plain loop does.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._validate import as_positive, as_token_ids
+from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
+from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError
+from .naive_manager import NaiveCacheManager
+from .page_pool import PagePool
+from .radix_manager import RadixCacheManager, RadixTreeNode
+from .tiny_model import TinyDecoder
+
+
+class Status(enum.Enum):
+    NEW = "new"
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class EngineRequest:
+    """A prompt, a budget of new tokens, and the stop tokens that end it early (greedy sampling).
+
+    ``output`` holds the generated tokens (a stop token included, as the last
+    one). The rest is the scheduler's bookkeeping, readable for drawings and tests.
+    """
+
+    def __init__(
+        self, prompt: torch.Tensor | np.ndarray | Sequence[int], max_new_tokens: int, stop_tokens: Iterable[int] = ()
+    ) -> None:
+        if isinstance(prompt, np.ndarray):  # (the workloads' arrays)
+            prompt = torch.as_tensor(prompt)
+        self.prompt = as_token_ids(prompt, "prompt")
+        if len(self.prompt) == 0:
+            raise ArgumentError("prompt must hold at least one token")
+        self.max_new_tokens = as_positive(max_new_tokens, "max_new_tokens")
+        try:
+            stops = list(stop_tokens)
+        except TypeError:
+            raise ArgumentTypeError(f"stop_tokens must be a list of ints, got {type(stop_tokens).__name__}") from None
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in stops):
+            raise ArgumentTypeError("stop_tokens must contain only ints")
+        self.stop_tokens = frozenset(int(t) for t in stops)
+        self.output: list[int] = []
+        self.status = Status.NEW
+        self.uid = -1
+        """Set by :meth:`Engine.submit`: the order of arrival."""
+        # -- while it holds memory --
+        self.handle: BaseCacheHandle | None = None
+        """Its locked match: the first ``handle.cached_len`` slots of its row belong to the tree."""
+        self.row = -1
+        """Its row of ``req_to_token`` (-1 when it holds none)."""
+        self.num_slots = 0
+        """Slots in its row: whole pages, so it may be ahead of ``kv_len``."""
+        self.kv_len = 0
+        """Tokens whose K/V are written, or will be once the batch in flight has run."""
+        self.num_scheduled = 0
+        """New tokens that will exist once every scheduled batch has run (ahead of ``output`` when overlapping)."""
+        # -- for the statistics --
+        self.cached_tokens = -1
+        """Prompt tokens served from the cache at its first admission (-1 until admitted)."""
+        self.num_preemptions = 0
+        self.admissions: list[int] = []
+        """The cached length each admission matched (more than one after a preemption)."""
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """Prompt, then the tokens generated so far."""
+        return np.concatenate([self.prompt, np.asarray(self.output, dtype=np.int64)])
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def cached_len(self) -> int:
+        """Leading tokens of its row that the tree owns (its locked match); 0 when it holds nothing."""
+        return self.handle.cached_len if self.handle is not None else 0
+
+    def _done_after(self, token: int) -> bool:
+        return token in self.stop_tokens or len(self.output) >= self.max_new_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"EngineRequest(uid={self.uid}, {self.status.value}, prompt={len(self.prompt)} tokens, "
+            f"output={len(self.output)}/{self.max_new_tokens})"
+        )
+
+
+@dataclass
+class Batch:
+    """One forward pass: a prefill of whole suffixes, or a decode of one token per request."""
+
+    kind: str
+    """``"prefill"`` or ``"decode"``."""
+    requests: list[EngineRequest]
+    rows: list[int]
+    starts: list[int]
+    """Prefill: the first computed position (the cached length). Decode: the position of the token fed in."""
+    ends: list[int]
+    """Tokens attended over once this batch has run (prefill: the whole row; decode: start + 1)."""
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_batches: int = 0
+    decode_batches: int = 0
+    prompt_tokens: int = 0
+    """Prompt tokens submitted."""
+    prefill_tokens: int = 0
+    """Tokens computed by prefill (resumed requests included)."""
+    cached_tokens: int = 0
+    """Tokens a prefill took from the cache instead of computing (resumed requests included)."""
+    decode_tokens: int = 0
+    preemptions: int = 0
+    evicted_slots: int = 0
+    step_seconds: float = 0.0
+    """Host time inside :meth:`Engine.step`."""
+    model_seconds: float = 0.0
+    """Time in the model's forward passes."""
+    prefill_seconds: float = 0.0
+    """The part of ``model_seconds`` spent in prefill batches (what a prefix cache saves)."""
+    cache_seconds: float = 0.0
+    """Time in the cache manager and the pool: match, lock, allocate (with eviction), insert, free."""
+
+
+class Engine:
+    """A waiting queue, a running batch, and a step that runs one batch.
+
+    ``max_running`` bounds the running batch (and the rows of ``req_to_token``).
+    ``insert_after_prefill`` shares a request's prompt pages as soon as they are
+    prefilled, as mini-sglang and SGLang do; without it a prompt is cached only
+    when its request finishes, so requests running side by side never share.
+    ``overlap`` schedules one step ahead, as described in the module docstring;
+    ``unsafe_early_free`` exists only to show what goes wrong without the delay.
+    """
+
+    def __init__(
+        self,
+        model: TinyDecoder,
+        cache: BaseCacheManager,
+        pool: PagePool,
+        kv_cache: BaseKVCache,
+        max_running: int = 8,
+        overlap: bool = False,
+        insert_after_prefill: bool = True,
+        unsafe_early_free: bool = False,
+    ) -> None:
+        if not isinstance(model, TinyDecoder):
+            raise ArgumentTypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
+        if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
+            raise ArgumentTypeError("cache must be a BaseCacheManager and pool a PagePool")
+        pages, page_size = kv_cache.k_cache(0).shape[:2]
+        if cache.page_size != pool.page_size or pool.page_size != page_size or pool.num_pages != pages:
+            raise ArgumentError(
+                f"cache (page_size {cache.page_size}), pool ({pool.num_pages} pages of {pool.page_size}) and "
+                f"kv_cache ({pages} pages of {page_size}) must agree"
+            )
+        self.model, self.cache, self.pool, self.kv_cache = model, cache, pool, kv_cache
+        self.page_size = pool.page_size
+        self.max_running = as_positive(max_running, "max_running")
+        self.overlap = bool(overlap)
+        self.insert_after_prefill = bool(insert_after_prefill)
+        self.unsafe_early_free = bool(unsafe_early_free)
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        """Oldest admission first: preemption takes the last."""
+        self.finished: list[EngineRequest] = []
+        # Device-side tables, as in mini-sglang: the token ids and the slots of each running request.
+        width = model.max_positions + 1
+        self.token_pool = torch.zeros(self.max_running, width, dtype=torch.int64, device=model.device)
+        self.req_to_token = torch.zeros(self.max_running, width, dtype=torch.int32, device=pool.device)
+        self._free_rows = list(range(self.max_running - 1, -1, -1))
+        self._holders: dict[int, EngineRequest] = {}
+        """Row -> the request holding it (running, or finished and waiting for its batch to be collected)."""
+        self._in_flight: Batch | None = None
+        self._next_uid = 0
+        self.stats = EngineStats()
+
+    # -- the public loop ---------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest) -> EngineRequest:
+        """Queue a request. Refused with a clear error, changing nothing, if it could never be served."""
+        self._check_request(request)
+        request.uid, self._next_uid = self._next_uid, self._next_uid + 1
+        request.status = Status.WAITING
+        self.waiting.append(request)
+        self.stats.prompt_tokens += len(request.prompt)
+        return request
+
+    def _check_request(self, request: EngineRequest) -> None:
+        if not isinstance(request, EngineRequest):
+            raise ArgumentTypeError(f"request must be an EngineRequest, got {type(request).__name__}")
+        if request.status is not Status.NEW:
+            raise ArgumentError(f"request: {request!r} was already submitted")
+        vocab = self.model.vocab_size
+        if request.prompt.min() < 0 or request.prompt.max() >= vocab:
+            raise ArgumentError(f"prompt: token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in request.stop_tokens):
+            raise ArgumentError(f"stop_tokens: token ids must be in [0, {vocab}), got {sorted(request.stop_tokens)}")
+        # The last generated token is never fed back, so its K/V are never needed.
+        longest = len(request.prompt) + request.max_new_tokens - 1
+        if longest > self.model.max_positions:
+            raise ArgumentError(
+                f"prompt: {len(request.prompt)} tokens + {request.max_new_tokens} new exceed the model's "
+                f"max_positions ({self.model.max_positions})"
+            )
+        if self.pool.pages_for(longest) > self.pool.num_pages:
+            raise ArgumentError(
+                f"prompt: {len(request.prompt)} tokens + {request.max_new_tokens} new need "
+                f"{self.pool.pages_for(longest)} pages; the pool can never hold more than {self.pool.num_pages}"
+            )
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running) or self._in_flight is not None
+
+    def step(self) -> Batch | None:
+        """Schedule and run one batch (overlap: launch one, collect the previous). Returns what was scheduled."""
+        start = time.perf_counter()
+        batch = self._schedule()
+        if self.overlap:
+            previous, self._in_flight = self._in_flight, batch
+            if previous is not None:
+                self._collect(previous)
+        elif batch is not None:
+            self._collect(batch)
+        self.stats.steps += 1
+        self.stats.step_seconds += time.perf_counter() - start
+        return batch
+
+    def run(self, max_steps: int = 100_000) -> list[EngineRequest]:
+        """Step until every request has finished; returns them in the order they finished."""
+        for _ in range(max_steps):
+            if not self.has_work():
+                return self.finished
+            self.step()
+        raise RuntimeError(f"the engine did not finish within {max_steps} steps")
+
+    def generate(
+        self,
+        prompts: Iterable[torch.Tensor | np.ndarray | Sequence[int]],
+        max_new_tokens: int,
+        stop_tokens: Iterable[int] = (),
+    ) -> list[list[int]]:
+        """Submit one request per prompt, run them all, and return each one's generated tokens."""
+        stops = list(stop_tokens)
+        requests = [EngineRequest(p, max_new_tokens, stops) for p in prompts]
+        for request in requests:  # all checked before any is queued
+            self._check_request(request)
+        for request in requests:
+            self.submit(request)
+        self.run()
+        return [r.output for r in requests]
+
+    def check(self) -> None:
+        """Every slot free, in the tree, or held by a request, exactly once; then the manager's own check."""
+        free = self.pool.free_slots()
+        tree = tree_slots(self.cache)
+        held = [self.req_to_token[r.row, r.cached_len : r.num_slots] for r in self._holders.values()]
+        every = torch.cat([free.cpu(), tree.cpu(), *(h.cpu() for h in held)]).long()
+        num_slots = self.pool.num_slots
+        if len(every) != num_slots or len(torch.unique(every)) != num_slots:
+            counts = torch.bincount(every, minlength=num_slots)
+            missing = torch.nonzero(counts == 0).flatten().tolist()[:5]
+            twice = torch.nonzero(counts > 1).flatten().tolist()[:5]
+            raise IntegrityError(
+                "slot accounting",
+                f"{len(free)} free + {len(tree)} in the tree + {sum(len(h) for h in held)} held != {num_slots}; "
+                f"never held: {missing}, held twice: {twice}",
+            )
+        self.cache.check_integrity()
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def _schedule(self) -> Batch | None:
+        if self.unsafe_early_free:
+            for request in [r for r in self.running if self._retiring(r)]:
+                self.running.remove(request)
+                self._release(request)  # too early: the batch in flight has not read its row yet
+        return self._schedule_prefill() or self._schedule_decode()
+
+    def _retiring(self, request: EngineRequest) -> bool:
+        """Its last token is in the batch in flight: it needs no more decode (overlap only)."""
+        return request.num_scheduled >= request.max_new_tokens
+
+    def _schedule_prefill(self) -> Batch | None:
+        admitted: list[EngineRequest] = []
+        # One page per running request stays free for its next decode step, so that admitting
+        # newcomers never forces the requests already running into preemption.
+        reserve = self.page_size * len(self.running)
+        while self.waiting and len(self.running) < self.max_running and self._free_rows:
+            request = self.waiting[0]
+            if not self._admit(request, reserve):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            admitted.append(request)
+            reserve += self.page_size
+        if not admitted:
+            return None
+        self.stats.prefill_batches += 1
+        rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
+        return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
+
+    def _admit(self, request: EngineRequest, reserve: int) -> bool:
+        """Match, check, lock, re-check, allocate. False (and nothing held) if it does not fit now."""
+        ids = request.token_ids
+        with self._cache_time():
+            handle, matched = self.cache.match_prefix(torch.from_numpy(ids[:-1]))  # at least one token is computed
+            cached = handle.cached_len
+            needed = self.pool.pages_for(len(ids) - cached) * self.page_size  # whole pages
+            if needed + reserve > self._available():
+                return False
+            self.cache.lock_handle(handle)
+            if needed + reserve > self._available():  # our own match is no longer evictable
+                self.cache.lock_handle(handle, unlock=True)
+                return False
+            evicted_before = self.pool.num_evicted_slots
+            new_slots = self.pool.allocate(needed, evict_from=self.cache)
+            self.stats.evicted_slots += self.pool.num_evicted_slots - evicted_before
+        row = self._free_rows.pop()
+        self.req_to_token[row, :cached] = matched
+        self.req_to_token[row, cached : cached + needed] = new_slots
+        self.token_pool[row, : len(ids)] = torch.from_numpy(ids)  # the host copies the ids to the device
+        self._holders[row] = request
+        request.handle, request.row, request.num_slots = handle, row, cached + needed
+        request.kv_len = len(ids)
+        request.num_scheduled = len(request.output) + 1
+        request.status = Status.RUNNING
+        if request.cached_tokens < 0:
+            request.cached_tokens = cached
+        request.admissions.append(cached)
+        self.stats.cached_tokens += cached
+        self.stats.prefill_tokens += len(ids) - cached
+        return True
+
+    def _schedule_decode(self) -> Batch | None:
+        while True:
+            requests = [r for r in self.running if not self._retiring(r)]
+            if not requests:
+                return None
+            # A request whose last page is full needs a new one (with page_size 1: every step).
+            needed = self.page_size * sum(r.kv_len == r.num_slots for r in requests)
+            if needed <= self._available():
+                break
+            if self._in_flight is not None:
+                self._drain()  # its results may finish requests and free their slots
+            elif len(requests) > 1:
+                self._preempt(self.running[-1])
+            else:  # cannot happen: submit() refuses a request the pool could never hold alone
+                raise OutOfSlotsError(f"decode: {needed} slots needed, {self._available()} free or evictable")
+        positions = []
+        for request in requests:
+            if request.kv_len == request.num_slots:
+                with self._cache_time():
+                    evicted_before = self.pool.num_evicted_slots
+                    page = self.pool.allocate(self.page_size, evict_from=self.cache)
+                    self.stats.evicted_slots += self.pool.num_evicted_slots - evicted_before
+                self.req_to_token[request.row, request.num_slots : request.num_slots + self.page_size] = page
+                request.num_slots += self.page_size
+            positions.append(request.kv_len)  # the token fed in: the last one generated
+            request.kv_len += 1
+            request.num_scheduled += 1
+        self.stats.decode_batches += 1
+        return Batch("decode", requests, [r.row for r in requests], positions, [p + 1 for p in positions])
+
+    def _preempt(self, request: EngineRequest) -> None:
+        """Give back everything the newest request holds (its computed prefix goes to the tree) and requeue it."""
+        self.running.remove(request)
+        self._release(request)
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _available(self) -> int:
+        return self.pool.num_free_slots + self.cache.size_info.evictable_size
+
+    # -- running a batch (the "device" side) ----------------------------------------------------
+
+    def _run(self, batch: Batch) -> list[int]:
+        """The forward pass. It reads ids and slots from the device tables *now*, as a GPU would."""
+        start = time.perf_counter()
+        if batch.kind == "prefill":
+            tokens = []
+            for row, cached, end in zip(batch.rows, batch.starts, batch.ends, strict=True):
+                ids, slots = self.token_pool[row, :end], self.req_to_token[row, :end]
+                logits = self.model.prefill(ids, self.kv_cache, slots, cached)
+                tokens.append(int(logits[-1].argmax()))
+                self.token_pool[row, end] = tokens[-1]
+        else:
+            rows = torch.tensor(batch.rows)
+            positions = torch.tensor(batch.starts)
+            ids = self.token_pool[rows, positions]
+            out_loc = self.req_to_token[rows, positions]
+            tables = [self.req_to_token[row, :end] for row, end in zip(batch.rows, batch.ends, strict=True)]
+            logits = self.model.decode(ids, batch.starts, self.kv_cache, out_loc, tables)
+            next_ids = logits.argmax(dim=-1)
+            self.token_pool[rows, positions + 1] = next_ids
+            tokens = next_ids.tolist()  # the one transfer to the host per step
+        elapsed = time.perf_counter() - start
+        self.stats.model_seconds += elapsed
+        if batch.kind == "prefill":
+            self.stats.prefill_seconds += elapsed
+        return tokens
+
+    def _collect(self, batch: Batch) -> None:
+        """Run the batch, then hand each request its token; finished requests are released."""
+        tokens = self._run(batch)
+        if batch.kind == "decode":
+            self.stats.decode_tokens += len(batch.requests)
+        for request, token in zip(batch.requests, tokens, strict=True):
+            if request.finished:
+                continue  # it hit a stop token one batch earlier; this token was computed in vain
+            request.output.append(token)
+            if request._done_after(token):
+                request.status = Status.FINISHED
+                if request in self.running:
+                    self.running.remove(request)
+                self.finished.append(request)
+        if batch.kind == "prefill" and self.insert_after_prefill:
+            for request, end in zip(batch.requests, batch.ends, strict=True):
+                if not request.finished and request.row >= 0:
+                    self._insert_unfinished(request, end)
+        # Release only what no launched batch still reads: one step late when overlapping.
+        in_flight = self._in_flight.requests if self._in_flight is not None else []
+        for request in batch.requests:
+            if request.finished and request.row >= 0 and request not in in_flight:
+                self._release(request)
+
+    def _insert_unfinished(self, request: EngineRequest, end: int) -> None:
+        """Share a running request's prefilled pages at once (mini-sglang's ``cache_req(finished=False)``).
+
+        Insert the whole pages of its first ``end`` tokens, then match them back:
+        where another request inserted the same tokens first, the tree's slots
+        replace ours in the request's row and ours are freed (SGLang remaps the
+        row too; freeing without remapping is mini-sglang's open bug #142). The
+        lock moves from the old match to the new, longer one.
+        """
+        assert request.handle is not None
+        aligned = end - end % self.page_size
+        cached = request.cached_len
+        if aligned <= cached:
+            return  # no new whole page to share
+        slots = self.req_to_token[request.row, :aligned].clone()
+        ids = torch.from_numpy(request.token_ids[:aligned])
+        with self._cache_time():
+            already = self.cache.insert_prefix(ids, slots)
+            handle, tree_slots = self.cache.match_prefix(ids)
+            self.cache.lock_handle(handle)
+            self.cache.lock_handle(request.handle, unlock=True)
+            duplicates_end = min(already, handle.cached_len)  # (the naive manager keeps nothing: no duplicates)
+            if duplicates_end > cached:
+                self.pool.free(slots[cached:duplicates_end])
+        self.req_to_token[request.row, : handle.cached_len] = tree_slots
+        request.handle = handle
+
+    def _drain(self) -> None:
+        batch, self._in_flight = self._in_flight, None
+        if batch is not None:
+            self._collect(batch)
+
+    # -- giving memory back ----------------------------------------------------------------------
+
+    def _release(self, request: EngineRequest) -> None:
+        """Insert the tokens whose K/V exist, free what the tree did not take, unlock (the lifecycle's finish)."""
+        assert request.handle is not None
+        kv = min(request.kv_len, len(request.prompt) + len(request.output))
+        slots = self.req_to_token[request.row, : request.num_slots].clone()
+        cached = request.cached_len
+        with self._cache_time():
+            already = self.cache.insert_prefix(torch.from_numpy(request.token_ids[:kv]), slots[:kv])
+            if already > cached:  # duplicates of what another request inserted meanwhile
+                self.pool.free(slots[cached:already])
+            tail = max(kv - kv % self.page_size, cached)  # the partial last page, and pages never written
+            self.pool.free(slots[tail:])
+            self.cache.lock_handle(request.handle, unlock=True)
+        del self._holders[request.row]
+        self._free_rows.append(request.row)
+        request.handle, request.row, request.num_slots, request.kv_len = None, -1, 0, 0
+
+    @contextmanager
+    def _cache_time(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.cache_seconds += time.perf_counter() - start
+
+
+def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
+    """Every slot a cache manager's tree holds (none for the naive manager), in no particular order."""
+    if not isinstance(cache, RadixCacheManager):
+        return torch.empty(0, dtype=torch.int32)
+    values = []
+    stack: list[RadixTreeNode] = list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        values.append(node.value)
+        stack.extend(node.children.values())
+    return torch.cat(values) if values else torch.empty(0, dtype=torch.int32, device=cache.device)
+
+
+def make_engine(
+    model: TinyDecoder,
+    num_pages: int,
+    page_size: int = 1,
+    manager: str = "radix",
+    max_running: int = 8,
+    overlap: bool = False,
+    insert_after_prefill: bool = True,
+    unsafe_early_free: bool = False,
+) -> Engine:
+    """An engine with a fresh manager (``"radix"`` or ``"naive"``), pool and K/V storage shaped for ``model``."""
+    from .base import KVCacheLayout
+    from .mha_pool import MHAKVCache
+
+    if manager == "radix":
+        cache: BaseCacheManager = RadixCacheManager(model.device, page_size)
+    elif manager == "naive":
+        if page_size != 1:
+            raise ArgumentError("manager: the naive manager works with page_size 1 only")
+        cache = NaiveCacheManager(model.device)
+    else:
+        raise ArgumentError(f"manager must be 'radix' or 'naive', got {manager!r}")
+    pool = PagePool(num_pages, page_size, model.device)
+    kv_cache = MHAKVCache(
+        model.num_kv_heads,
+        model.num_layers,
+        model.head_dim,
+        num_pages,
+        model.dtype,
+        KVCacheLayout.LayerFirst,
+        model.device,
+        page_size,
+    )
+    return Engine(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, unsafe_early_free)
+
+
+def recompute(
+    model: TinyDecoder,
+    prompt: torch.Tensor | np.ndarray | Sequence[int],
+    max_new_tokens: int,
+    stop_tokens: Iterable[int] = (),
+) -> list[int]:
+    """Greedy generation with no cache at all: every step runs ``model.forward`` over the whole sequence.
+
+    The yardstick: whatever the engine caches, shares, evicts or preempts, its
+    output must equal this one, token for token.
+    """
+    request = EngineRequest(prompt, max_new_tokens, stop_tokens)
+    ids = request.token_ids.tolist()
+    while True:
+        token = int(model.forward(ids)[-1].argmax())
+        ids.append(token)
+        request.output.append(token)
+        if request._done_after(token):
+            return request.output
