@@ -228,38 +228,44 @@ def problems(root: Path = REPO) -> Iterator[str]:
     ):
         block = re.search(re.escape(start) + r".*?" + re.escape(end), readme, re.S)
         if block is None:
-            yield f"README.md: the generated block {start!r} is missing"
-        elif block[0] != body:
-            yield "README.md: a generated block is out of date (run scripts/set_repository.py --write)"
+            yield f"README.md: the generated block {start!r} is missing (add the two marker lines, then --write)"
+        elif _links(block[0]) != _links(body):
+            yield "README.md: a generated block is out of date (run: python scripts/set_repository.py --write)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _links(markdown: str) -> list[str]:
+    """The link targets of a block: page titles may change without making the block wrong."""
+    return re.findall(r"\]\((https?://[^)\s]+)\)", markdown)
+
+
+def main_in(root: Path, argv: list[str] | None = None) -> int:
+    """The command line, on the checkout at ``root``."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("url", nargs="?", help="https://github.com/OWNER/NAME (default: keep the current one)")
     parser.add_argument("--check", action="store_true", help="only report disagreements; exit 1 if any")
-    parser.add_argument("--write", action="store_true", help="regenerate from the current address")
+    parser.add_argument("--write", action="store_true", help="regenerate the README's blocks from the current address")
     args = parser.parse_args(argv)
     if args.check:
-        found = list(problems())
+        found = list(problems(root))
         for line in found:
             print(line)
-        print(
-            f"{len(found)} disagreement(s) with {read_repository()}"
-            if found
-            else f"all files agree: {read_repository()}"
-        )
+        url = read_repository(root)
+        print(f"{len(found)} disagreement(s) with {url}" if found else f"all files agree with {url}")
         return 1 if found else 0
     if not args.url and not args.write:
         parser.error("give a URL, --write or --check")
-    url = args.url or read_repository()
+    url = args.url or read_repository(root)
     split_url(url)
-    changed = rewrite(url)
-    for path in changed:
-        print(f"rewrote {path.relative_to(REPO)}")
-    remaining = list(problems())
+    for path in rewrite(url, root):
+        print(f"rewrote {path.relative_to(root)}")
+    remaining = list(problems(root))
     for line in remaining:
         print(line)
     return 1 if remaining else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return main_in(REPO, argv)
 
 
 if __name__ == "__main__":
