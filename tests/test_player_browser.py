@@ -157,3 +157,93 @@ def test_keyboard_and_no_script_fallback(served_page, browser) -> None:
         assert not page.is_visible("#first .mkp-controls")
     finally:
         context.close()
+
+
+# -- contrast in the book's light and dark themes --------------------------------------------
+
+BOOK_HTML = Path(__file__).resolve().parent.parent / "_build" / "html"
+# Without a built book: the rules of its theme that matter here (pydata-sphinx-theme 0.17, measured):
+# muted figcaption text, and in dark mode a light output area under the player.
+FALLBACK_THEME_CSS = """
+html[data-theme=light] body{background:#ffffff;color:#222832}
+html[data-theme=dark] body{background:#121212;color:#ced6dd}
+figcaption{color:#9ca4af}
+html[data-theme=dark] .bd-content div.cell_output .text_html{background-color:#ced6dd;color:#121212;padding:.5rem}
+"""
+CONTRAST_JS = """
+root => {
+  const rgba = s => { const v = s.match(/[\\d.]+/g).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+  const lum = c => c.slice(0, 3).map(x => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; })
+                  .reduce((sum, x, k) => sum + x * [0.2126, 0.7152, 0.0722][k], 0);
+  const background = el => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    let out = [255, 255, 255];
+    for (const c of layers.reverse()) out = out.map((o, k) => c[k] * c[3] + o * (1 - c[3]));
+    return out;
+  };
+  const ratio = el => {
+    const bg = background(el), fg = rgba(getComputedStyle(el).color);
+    const text = fg.slice(0, 3).map((v, k) => v * fg[3] + bg[k] * (1 - fg[3]));
+    const [hi, lo] = [lum(text), lum(bg)].sort((a, b) => b - a);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  const out = {};
+  for (const sel of [".mkp-caption", ".mkp-details", ".mkp-counter", ".mkp-controls button"]) {
+    const el = root.querySelector(sel);
+    if (el) out[sel] = ratio(el);
+  }
+  return out;
+}
+"""
+
+
+def theme_page(root: Path, theme: str, player_html: str) -> None:
+    """The player inside the same containers as a notebook output of the book, under the book's CSS."""
+    if (BOOK_HTML / "_static").is_dir():
+        links = "\n".join(
+            f'<link rel="stylesheet" href="_static/{p.relative_to(BOOK_HTML / "_static").as_posix()}">'
+            for p in sorted((BOOK_HTML / "_static").rglob("*.css"))
+            if p.parent.name in ("styles", "_static")
+        )
+        (root / "_static").symlink_to(BOOK_HTML / "_static")
+        styles = links
+    else:
+        styles = f"<style>{FALLBACK_THEME_CSS}</style>"
+    (root / f"{theme}.html").write_text(
+        f'<!DOCTYPE html>\n<html lang="en" data-theme="{theme}" data-mode="{theme}"><head><meta charset="utf-8">'
+        f"<title>player, {theme}</title>{styles}</head><body>\n"
+        '<main class="bd-main"><div class="bd-content"><article class="bd-article">'
+        '<div class="cell docutils container"><div class="cell_output docutils container">'
+        f'<div class="output text_html">{player_html}</div></div></div></article></div></main>\n</body></html>\n',
+        encoding="utf-8",
+    )
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_captions_and_controls_are_readable_in_both_themes(
+    browser, tmp_path_factory: pytest.TempPathFactory, theme: str
+) -> None:
+    rec = small_recording()
+    player = rec.player(interval_ms=120)
+    root = tmp_path_factory.mktemp(f"theme_{theme}")
+    theme_page(root, theme, player.html)
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    context = browser.new_context(color_scheme=theme)
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/{theme}.html", wait_until="load")
+        assert page.evaluate("document.documentElement.dataset.theme") == theme
+        ratios = page.eval_on_selector(".minikv-player", CONTRAST_JS)
+        assert set(ratios) >= {".mkp-caption", ".mkp-counter", ".mkp-controls button"}, ratios
+        low = {sel: round(r, 2) for sel, r in ratios.items() if r < 4.5}
+        assert low == {}, f"{theme} theme: contrast below WCAG's 4.5:1: {low}"
+    finally:
+        context.close()
+        server.shutdown()
+        server.server_close()

