@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -48,8 +49,7 @@ KVFunction = Callable[[int, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor
 """``kv_fn(layer, input_ids, start) -> (k, v)`` for tokens ``input_ids[start:]``, shaped ``(n, heads, head_dim)``."""
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One line of a request's trace: the notes' step number, the call, and what it did."""
 
     number: int
@@ -167,7 +167,7 @@ def store(request: Request, kv_cache: BaseKVCache, kv_fn: KVFunction) -> None:
     for layer in range(layers):
         k, v = kv_fn(layer, ids, start)
         kv_cache.store_kv(k, v, out_loc, layer)
-    request.trace.append(Step(6, "store_kv", f"{len(out_loc)} tokens x {layers} layers"))
+    request.trace.append(Step(6, "store_kv", f"{out_loc.numel()} tokens x {layers} layers"))
 
 
 def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
@@ -187,12 +187,14 @@ def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
     # Slots the tree did not take: duplicates of what another request inserted
     # meanwhile, and the partial last page that page-aligned insertion leaves out.
     cached, total = request.cached_len, len(request.input_ids)
-    duplicates = request.indices[cached:already]
+    num_duplicates = max(already - cached, 0)
+    if num_duplicates:
+        pool.free(request.indices[cached:already])
     tail_start = max(total - total % manager.page_size, cached)
-    tail = request.indices[tail_start:]
-    pool.free(torch.cat([duplicates, tail]))
-    partial = f" and a {len(tail)}-token partial page" if len(tail) else ""
-    request.trace.append(Step(5, "free", f"freed {len(duplicates)} duplicate slots{partial}"))
+    if tail_start < total:
+        pool.free(request.indices[tail_start:])
+    partial = f" and a {total - tail_start}-token partial page" if tail_start < total else ""
+    request.trace.append(Step(5, "free", f"freed {num_duplicates} duplicate slots{partial}"))
 
     manager.lock_handle(request.handle, unlock=True)
     request.trace.append(Step(7, "unlock", f"released {cached} cached tokens"))
@@ -211,7 +213,7 @@ def abort(manager: BaseCacheManager, pool: PagePool, request: Request) -> None:
     own = request.own_slots()
     pool.free(own)
     request.aborted = True
-    request.trace.append(Step(5, "free", f"freed its {len(own)} own slots: aborted, nothing inserted"))
+    request.trace.append(Step(5, "free", f"freed its {own.numel()} own slots: aborted, nothing inserted"))
     manager.lock_handle(request.handle, unlock=True)
     request.trace.append(Step(7, "unlock", f"released {request.cached_len} cached tokens"))
 
@@ -253,7 +255,19 @@ def serve(
 
 
 def _own_copy(input_ids: object) -> np.ndarray:
-    """The token ids as a fresh, read-only int64 array that no caller holds a reference to."""
+    """The token ids as a fresh, read-only int64 array that no caller holds a reference to.
+
+    An int64 array that owns its memory and is read-only is such a copy already
+    (admit's own), and is kept as it is.
+    """
+    if (
+        isinstance(input_ids, np.ndarray)
+        and input_ids.flags.owndata
+        and not input_ids.flags.writeable
+        and input_ids.dtype == np.int64
+        and input_ids.ndim == 1
+    ):
+        return input_ids
     if (
         isinstance(input_ids, np.ndarray)
         and input_ids.dtype == np.uint64

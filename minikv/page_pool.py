@@ -37,6 +37,7 @@ class PagePool:
         self._free_stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
         self._num_free = self.num_pages
         self._page_is_free = np.ones(self.num_pages, dtype=bool)
+        self._position = np.zeros(self.num_pages, dtype=np.int64)  # scratch space for _has_repeats
         self.num_evicted_slots = 0
         """Slots this pool has taken back from a cache manager through eviction."""
 
@@ -102,10 +103,11 @@ class PagePool:
             self.free(evicted)
             self.num_evicted_slots += len(evicted)
         top = self._num_free
-        pages = self._free_stack[top - needed : top][::-1].copy()
+        pages = self._free_stack[top - needed : top][::-1]
+        slots = self._slots_of(pages, num_tokens)  # a copy: later frees overwrite the stack
         self._num_free = top - needed
         self._page_is_free[pages] = False
-        return self._slots_of(pages, num_tokens)
+        return slots
 
     def free(self, slots: torch.Tensor | Sequence[int]) -> None:
         """Return the pages these slots belong to.
@@ -119,7 +121,7 @@ class PagePool:
         if array.size == 0:
             return
         pages = self._pages_of(array)
-        if np.unique(pages).size != pages.size:
+        if self._has_repeats(pages):
             raise DoubleFreeError("slots: the same page is listed twice")
         was_free = self._page_is_free[pages]
         if was_free.any():
@@ -128,6 +130,16 @@ class PagePool:
         self._free_stack[top : top + pages.size] = pages[::-1]
         self._num_free = top + pages.size
         self._page_is_free[pages] = True
+
+    def _has_repeats(self, pages: np.ndarray) -> bool:
+        """Whether a page is listed twice, in one pass and without sorting.
+
+        Each page writes its position in the list into a scratch array; a page
+        listed twice keeps only its last position, so reading back differs.
+        """
+        positions = np.arange(pages.size)
+        self._position[pages] = positions
+        return not np.array_equal(self._position[pages], positions)
 
     def _pages_of(self, slots: np.ndarray) -> np.ndarray:
         """The page of each whole page in ``slots``; refuses slots that are not whole pages in order."""
@@ -173,7 +185,7 @@ class PagePool:
                 raise ArgumentTypeError(f"slots must be an integer tensor, got {slots.dtype}")
             if slots.dim() != 1:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
-            array = slots.detach().cpu().numpy().astype(np.int64)
+            array = slots.cpu().numpy().astype(np.int64)  # integer tensors carry no autograd history
         elif isinstance(slots, (list, tuple)):
             if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in slots):
                 raise ArgumentTypeError("slots must contain only ints")
@@ -183,13 +195,15 @@ class PagePool:
             array = np.array(slots, dtype=np.int64).reshape(-1)
         else:
             raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
-        outside = (array < 0) | (array >= self.num_slots)
-        if outside.any():
-            raise SlotIndexError(f"slots: slot {int(array[outside][0])} is outside [0, {self.num_slots})")
+        if array.size and (array.min() < 0 or array.max() >= self.num_slots):
+            bad = array[(array < 0) | (array >= self.num_slots)][0]
+            raise SlotIndexError(f"slots: slot {int(bad)} is outside [0, {self.num_slots})")
         return array
 
     def _slots_of_pages(self, pages: np.ndarray) -> np.ndarray:
         """Every slot of ``pages``, page by page."""
+        if self.page_size == 1:
+            return pages
         offsets = np.arange(self.page_size, dtype=np.int64)
         return (pages[:, None] * self.page_size + offsets).reshape(-1)
 
