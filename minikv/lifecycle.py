@@ -279,10 +279,15 @@ def _own_copy(input_ids: object) -> np.ndarray:
     return ids
 
 
-def _check_manager_and_pool(manager: object, pool: object) -> None:
-    if not isinstance(manager, BaseCacheManager):
+_MANAGER_METHODS = ("match_prefix", "lock_handle", "insert_prefix", "evict", "page_size")
+_POOL_METHODS = ("allocate", "free", "page_size", "num_evicted_slots")
+
+
+def _check_manager_and_pool(manager: BaseCacheManager, pool: PagePool) -> None:
+    # What the steps call, not the class: a proxy that forwards them (a recorder, a timer) will do.
+    if not all(hasattr(manager, name) for name in _MANAGER_METHODS):
         raise ArgumentTypeError(f"manager must be a cache manager, got {type(manager).__name__}")
-    if not isinstance(pool, PagePool):
+    if not all(hasattr(pool, name) for name in _POOL_METHODS):
         raise ArgumentTypeError(f"pool must be a PagePool, got {type(pool).__name__}")
     if manager.page_size != pool.page_size:
         raise ArgumentError(f"pool: page_size {pool.page_size} differs from the manager's {manager.page_size}")

@@ -83,7 +83,7 @@ class PagePool:
         """
         num_tokens = as_count(num_tokens, "num_tokens")
         if evict_from is not None:
-            if not isinstance(evict_from, BaseCacheManager):
+            if not all(hasattr(evict_from, name) for name in ("evict", "size_info", "page_size")):
                 raise ArgumentTypeError(f"evict_from must be a cache manager, got {type(evict_from).__name__}")
             if evict_from.page_size != self.page_size:
                 raise ArgumentError(
