@@ -42,12 +42,19 @@ _INT64 = (-(2**63), 2**63)
 
 
 def _as_token_list(value: object, name: str) -> list[int]:
-    """Token ids as a list of Python ints, each fitting the 8 bytes the hash reads."""
+    """Token ids as a list of Python ints, each fitting the 8 bytes (int64) the hash reads.
+
+    A NumPy ``uint64`` id of ``2**63`` or more is refused, like the same id in a
+    list: cast to int64 it would wrap to a negative id and hash like another token.
+    """
+    if isinstance(value, np.ndarray) and value.dtype == np.uint64 and np.any(value > _INT64[1] - 1):
+        raise ArgumentError(f"{name} must hold ids that fit in 64 bits (int64)")
     try:
         array = as_token_ids(value, name)  # type: ignore[arg-type]
     except OverflowError:
         raise ArgumentError(f"{name} must hold ids that fit in 64 bits") from None
-    return array.tolist()
+    tokens: list[int] = array.tolist()
+    return tokens
 
 
 def _as_token(value: object, name: str) -> int:
@@ -167,6 +174,9 @@ class BlockManager:
         # The sequences holding blocks, by identity: check_integrity counts their
         # references, and a sequence cannot be allocated twice or freed twice.
         self._live: dict[int, Sequence] = {}
+        # The manager's own copy of each live sequence's block table: deallocate
+        # releases these blocks, never what a user may have written into seq.block_table.
+        self._tables: dict[int, list[int]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -268,6 +278,7 @@ class BlockManager:
         seq.block_table = table
         seq.num_cached_tokens = len(hits) * bs
         self._live[id(seq)] = seq
+        self._tables[id(seq)] = list(table)
 
     def append(self, seq: Sequence, token_id: int) -> None:
         """Add one decoded token to ``seq``, taking a new block when the token opens one.
@@ -280,13 +291,21 @@ class BlockManager:
         block is needed and none is free; a scheduler would preempt a sequence first.
         """
         self._live_sequence(seq)
+        self._check_table_unchanged(seq)
         token = _as_token(token_id, "token_id")
         bs = self.block_size
         position = len(seq.token_ids)
+        if -(-position // bs) != len(seq.block_table):
+            raise ArgumentError(
+                f"seq.token_ids: {position} tokens do not fit its {len(seq.block_table)} blocks; "
+                "tokens must be added through append"
+            )
         if position % bs == 0:
             if not self.free_block_ids:
                 raise OutOfSlotsError(f"seq: token {position} opens a new block and no block is free")
-            seq.block_table.append(self._take_free_block().block_id)
+            block_id = self._take_free_block().block_id
+            seq.block_table.append(block_id)
+            self._tables[id(seq)].append(block_id)
         seq.token_ids.append(token)
         if (position + 1) % bs == 0:
             index = position // bs
@@ -302,9 +321,13 @@ class BlockManager:
         prompts are most likely to share (a system prompt), stay findable longest.
         ``seq`` keeps its tokens: allocating it again (after a preemption) finds
         whatever of its blocks is still cached.
+
+        ``seq.block_table`` must be the table the manager wrote: an edited one is
+        refused before any block is released.
         """
         self._live_sequence(seq)
-        for block_id in reversed(seq.block_table):
+        self._check_table_unchanged(seq)
+        for block_id in reversed(self._tables.pop(id(seq))):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -343,6 +366,13 @@ class BlockManager:
         if self._live.get(id(seq)) is not seq:
             raise ArgumentError("seq holds no blocks of this manager: allocate it first")
 
+    def _check_table_unchanged(self, seq: Sequence) -> None:
+        if seq.block_table != self._tables[id(seq)]:
+            raise ArgumentError(
+                f"seq.block_table was changed: the manager gave it {self._tables[id(seq)]}, it now lists "
+                f"{seq.block_table!r}; the manager alone writes block tables"
+            )
+
     # -- integrity -----------------------------------------------------------------
 
     def check_integrity(self) -> None:
@@ -350,10 +380,10 @@ class BlockManager:
 
         Checked: block ids match positions; every live sequence's table covers its
         tokens, each full block holds those tokens under the right chained hash and
-        the partial one has no hash; a block's ``ref_count`` equals the number of
-        tables listing it; the free list holds each ``ref_count``-0 block exactly
-        once and nothing else; a hashed block is full; every hash table entry
-        points at a block carrying that hash.
+        the partial one has no hash, and the table is the one the manager wrote; a
+        block's ``ref_count`` equals the number of tables listing it; the free list
+        holds each ``ref_count``-0 block exactly once and nothing else; a hashed
+        block is full; every hash table entry points at a block carrying that hash.
         """
         if len(self.blocks) != self.num_blocks:
             raise IntegrityError("block count", f"{len(self.blocks)} blocks, num_blocks is {self.num_blocks}")
@@ -369,9 +399,11 @@ class BlockManager:
         uses = [0] * self.num_blocks
         for seq in self._live.values():
             self._check_sequence(seq)
+            if seq.block_table != self._tables.get(id(seq)):
+                raise IntegrityError("block table", "a block table differs from the one the manager wrote", seq)
             for block_id in seq.block_table:
                 uses[block_id] += 1
-        for block, count in zip(self.blocks, uses):
+        for block, count in zip(self.blocks, uses, strict=True):
             if block.ref_count != count:
                 raise IntegrityError(
                     "ref_count", f"ref_count {block.ref_count}, but {count} block tables list it", block

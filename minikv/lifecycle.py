@@ -17,28 +17,40 @@ K/V long before the request finishes. Doing it after step 5 (the notes' order)
 would write into slots that step 5 may just have freed.
 Step 5 frees ``indices[cached_len:already_cached]``, never
 ``indices[:already_cached]``: the first ``cached_len`` slots belong to the tree.
+
+Step 1 matches ``input_ids[:-1]``, not the whole prompt, as mini-sglang's
+``match_req``, vLLM and nano-vllm do: the model must compute at least the last
+token, because its output (the logits) is what the request is for. A prompt
+that is cached whole still gets one new slot for its last token (with
+``page_size > 1``, the match stops at the last whole page before that token).
+``admit(..., whole_prompt=True)`` matches the whole prompt, as the notes do, to
+show the difference.
+
+A request that cannot finish (its forward pass failed, or a scheduler drops it)
+is given back with :func:`abort`: its own slots go back to the pool and its
+prefix is unlocked, and nothing is inserted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ._validate import as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
-from .errors import ArgumentError, LockError
+from .errors import ArgumentError, ArgumentTypeError, LockError
 from .page_pool import PagePool
 
 KVFunction = Callable[[int, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 """``kv_fn(layer, input_ids, start) -> (k, v)`` for tokens ``input_ids[start:]``, shaped ``(n, heads, head_dim)``."""
 
 
-@dataclass(frozen=True)
-class Step:
-    """One line of a request's trace, for the book's timeline."""
+class Step(NamedTuple):
+    """One line of a request's trace: the notes' step number, the call, and what it did."""
 
     number: int
     name: str
@@ -47,7 +59,11 @@ class Step:
 
 @dataclass
 class Request:
-    """A request between admission and finish: what it matched and which slots it holds."""
+    """A request between admission and finish: what it matched and which slots it holds.
+
+    ``input_ids`` is the request's own read-only copy of the prompt, so the
+    caller may reuse its buffer at once.
+    """
 
     input_ids: np.ndarray
     handle: BaseCacheHandle
@@ -56,9 +72,18 @@ class Request:
     evicted: int = 0
     """Slots evicted from the cache to make room for this request."""
     already_cached: int | None = None
-    """What ``insert_prefix`` returned at finish (``None`` while running)."""
-    _events: list[tuple[int, ...]] = field(default_factory=list, repr=False)
-    """``(step number, numbers...)`` per step taken; :attr:`trace` words them only when asked."""
+    """What ``insert_prefix`` returned at finish (``None`` until then)."""
+    aborted: bool = False
+    """Given back with :func:`abort`: its slots were freed and nothing was inserted."""
+    trace: list[Step] = field(default_factory=list, kw_only=True)
+    """The steps taken so far, in the order they ran, for the book's timeline."""
+    manager: BaseCacheManager | None = field(default=None, kw_only=True, repr=False)
+    """The manager that admitted it; :func:`store`, :func:`finish` and :func:`abort` refuse another one."""
+    pool: PagePool | None = field(default=None, kw_only=True, repr=False)
+    """The pool its slots came from."""
+
+    def __post_init__(self) -> None:
+        self.input_ids = _own_copy(self.input_ids)
 
     @property
     def cached_len(self) -> int:
@@ -69,111 +94,223 @@ class Request:
         return self.already_cached is not None
 
     @property
-    def trace(self) -> list[Step]:
-        """The steps taken so far, in order, for the book's timeline.
-
-        Recorded as bare numbers and put into words here: formatting six
-        sentences per request would cost more than the bookkeeping they describe.
-        """
-        return [Step(event[0], *_WORDING[event[0]](*event[1:])) for event in self._events]
+    def running(self) -> bool:
+        """Admitted and neither finished nor aborted: it holds its own slots and a lock."""
+        return not self.finished and not self.aborted
 
     def own_slots(self) -> torch.Tensor:
         """The slots this request allocated itself (it must free or hand them over)."""
         return self.indices[self.cached_len :]
 
 
-def _freed(duplicates: int, tail: int) -> tuple[str, str]:
-    partial = f" and a {tail}-token partial page" if tail else ""
-    return "free", f"freed {duplicates} duplicate slots{partial}"
-
-
-_WORDING: dict[int, Callable[..., tuple[str, str]]] = {
-    1: lambda cached, total: ("match_prefix", f"{cached} of {total} tokens cached"),
-    2: lambda cached: ("lock_handle", f"protected {cached} cached tokens"),
-    3: lambda new, evicted: ("allocate", f"{new} new slots" + (f", after evicting {evicted}" if evicted else "")),
-    6: lambda tokens, layers: (
-        ("store_kv", f"{tokens} tokens x {layers} layers")
-        if tokens
-        else ("store_kv", "nothing to store: every token was cached")
-    ),
-    4: lambda already: ("insert_prefix", f"{already} tokens were already cached"),
-    5: _freed,
-    7: lambda cached: ("unlock", f"released {cached} cached tokens"),
-}
-
-
-def admit(manager: BaseCacheManager, pool: PagePool, input_ids: torch.Tensor | Sequence[int]) -> Request:
+def admit(
+    manager: BaseCacheManager,
+    pool: PagePool,
+    input_ids: torch.Tensor | np.ndarray | Sequence[int],
+    *,
+    whole_prompt: bool = False,
+) -> Request:
     """Steps 1-3: match, lock, allocate (evicting unlocked prefixes if the pool is short).
+
+    The match covers ``input_ids[:-1]``, so at least the last token is computed;
+    ``whole_prompt=True`` matches every token, as the notes do.
 
     If allocation fails the lock is released and the error propagates: the
     cache and the pool are as they were, except that the match may have split
     a node and refreshed LRU times, which changes no cached token.
     """
-    if manager.page_size != pool.page_size:
-        raise ArgumentError(f"pool: page_size {pool.page_size} differs from the manager's {manager.page_size}")
-    ids = as_token_ids(input_ids)
-    handle, matched = manager.match_prefix(ids)
+    _check_manager_and_pool(manager, pool)
+    if not isinstance(whole_prompt, bool):
+        raise ArgumentTypeError(f"whole_prompt must be a bool, got {type(whole_prompt).__name__}")
+    ids = _own_copy(input_ids)
+    total = len(ids)
+    trace: list[Step] = []
+
+    handle, matched = manager.match_prefix(ids if whole_prompt else ids[:-1])
     cached = handle.cached_len
+    trace.append(Step(1, "match_prefix", f"{cached} of {total} tokens cached"))
+
     manager.lock_handle(handle)
+    trace.append(Step(2, "lock_handle", f"protected {cached} cached tokens"))
+
     evicted_before = pool.num_evicted_slots
     try:
-        new_slots = pool.allocate(len(ids) - cached, evict_from=manager)
+        new_slots = pool.allocate(total - cached, evict_from=manager)
     except BaseException:
         manager.lock_handle(handle, unlock=True)
         raise
     evicted = pool.num_evicted_slots - evicted_before
+    after_evicting = f", after evicting {evicted}" if evicted else ""
+    trace.append(Step(3, "allocate", f"{total - cached} new slots{after_evicting}"))
+
     indices = torch.cat([matched, new_slots]) if cached else new_slots
-    events = [(1, cached, len(ids)), (2, cached), (3, len(ids) - cached, evicted)]
-    return Request(ids, handle, indices, evicted, None, events)
+    return Request(ids, handle, indices, evicted, trace=trace, manager=manager, pool=pool)
 
 
 def store(request: Request, kv_cache: BaseKVCache, kv_fn: KVFunction) -> None:
-    """Step 6: write K/V of the uncached tokens into the request's own slots, layer by layer."""
+    """Step 6: write K/V of the uncached tokens into the request's own slots, layer by layer.
+
+    Refuses a request that is finished or aborted: its slots belong to the tree
+    or to the pool by then, and writing there would overwrite someone else's K/V.
+    If ``kv_fn`` or ``store_kv`` fails, the request still holds its slots and
+    its lock; give it back with :func:`abort` (:func:`serve` does).
+    """
+    _check_running(request)
+    _check_store_arguments(kv_cache, kv_fn)
     start = request.cached_len
+    layers = kv_cache.num_layers
     if start == len(request.input_ids):
-        request._events.append((6, 0, kv_cache.num_layers))
+        request.trace.append(Step(6, "store_kv", "nothing to store: every token was cached"))
         return
-    ids = torch.from_numpy(request.input_ids)
+    ids = torch.tensor(request.input_ids)
     out_loc = request.own_slots()
-    for layer in range(kv_cache.num_layers):
+    for layer in range(layers):
         k, v = kv_fn(layer, ids, start)
         kv_cache.store_kv(k, v, out_loc, layer)
-    request._events.append((6, len(out_loc), kv_cache.num_layers))
+    request.trace.append(Step(6, "store_kv", f"{out_loc.numel()} tokens x {layers} layers"))
 
 
 def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
-    """Steps 4, 5, 7: insert, free what the tree did not take, unlock. Returns ``already_cached``."""
-    if request.finished:
-        raise LockError("request: already finished")
+    """Steps 4, 5, 7: insert, free what the tree did not take, unlock. Returns ``already_cached``.
+
+    Every argument is checked before anything changes: a finished or aborted
+    request, or a manager or pool other than the ones that admitted it, is refused.
+    """
+    _check_running(request)
+    _check_manager_and_pool(manager, pool)
+    _check_owner(request, manager, pool)
+
     already = manager.insert_prefix(request.input_ids, request.indices)
-    cached, total = request.cached_len, len(request.input_ids)
+    request.already_cached = already  # from here on the tree owns what it took
+    request.trace.append(Step(4, "insert_prefix", f"{already} tokens were already cached"))
+
     # Slots the tree did not take: duplicates of what another request inserted
     # meanwhile, and the partial last page that page-aligned insertion leaves out.
-    duplicates = max(already - cached, 0)
-    if duplicates:
+    cached, total = request.cached_len, len(request.input_ids)
+    num_duplicates = max(already - cached, 0)
+    if num_duplicates:
         pool.free(request.indices[cached:already])
     tail_start = max(total - total % manager.page_size, cached)
     if tail_start < total:
         pool.free(request.indices[tail_start:])
+    partial = f" and a {total - tail_start}-token partial page" if tail_start < total else ""
+    request.trace.append(Step(5, "free", f"freed {num_duplicates} duplicate slots{partial}"))
+
     manager.lock_handle(request.handle, unlock=True)
-    request._events += [(4, already), (5, duplicates, total - tail_start), (7, cached)]
-    request.already_cached = already
+    request.trace.append(Step(7, "unlock", f"released {cached} cached tokens"))
     return already
+
+
+def abort(manager: BaseCacheManager, pool: PagePool, request: Request) -> None:
+    """Give back a request that will not finish: free its own slots, unlock its prefix, insert nothing.
+
+    What a server does when a forward pass fails, or when it preempts a request
+    and will recompute it later. Checked like :func:`finish` before anything changes.
+    """
+    _check_running(request)
+    _check_manager_and_pool(manager, pool)
+    _check_owner(request, manager, pool)
+    own = request.own_slots()
+    pool.free(own)
+    request.aborted = True
+    request.trace.append(Step(5, "free", f"freed its {own.numel()} own slots: aborted, nothing inserted"))
+    manager.lock_handle(request.handle, unlock=True)
+    request.trace.append(Step(7, "unlock", f"released {request.cached_len} cached tokens"))
 
 
 def serve(
     manager: BaseCacheManager,
     pool: PagePool,
-    input_ids: torch.Tensor | Sequence[int],
+    input_ids: torch.Tensor | np.ndarray | Sequence[int],
     kv_cache: BaseKVCache | None = None,
     kv_fn: KVFunction | None = None,
+    *,
+    whole_prompt: bool = False,
 ) -> Request:
-    """Run one request start to finish: admit, store (when a KV cache is given), finish."""
-    if kv_cache is not None and kv_fn is None:
-        # Checked before admit: afterwards the request would hold slots and a lock.
-        raise ArgumentError("kv_fn: required when kv_cache is given")
-    request = admit(manager, pool, input_ids)
+    """Run one request start to finish: admit, store (when a KV cache is given), finish.
+
+    If the store step fails (``kv_fn`` raises or returns rows of the wrong
+    shape), the request is aborted -- its new slots freed, its prefix unlocked --
+    and the error propagates.
+    """
+    # Checked before admit: afterwards the request would hold slots and a lock.
     if kv_cache is not None:
-        store(request, kv_cache, kv_fn)
-    finish(manager, pool, request)
+        if kv_fn is None:
+            raise ArgumentError("kv_fn: required when kv_cache is given")
+        _check_store_arguments(kv_cache, kv_fn)
+    request = admit(manager, pool, input_ids, whole_prompt=whole_prompt)
+    try:
+        if kv_cache is not None:
+            assert kv_fn is not None
+            store(request, kv_cache, kv_fn)
+        finish(manager, pool, request)
+    except BaseException:
+        if request.running:
+            abort(manager, pool, request)
+        raise
     return request
+
+
+# -- argument checks ------------------------------------------------------------------
+
+
+def _own_copy(input_ids: object) -> np.ndarray:
+    """The token ids as a fresh, read-only int64 array that no caller holds a reference to.
+
+    An int64 array that owns its memory and is read-only is such a copy already
+    (admit's own), and is kept as it is.
+    """
+    if (
+        isinstance(input_ids, np.ndarray)
+        and input_ids.flags.owndata
+        and not input_ids.flags.writeable
+        and input_ids.dtype == np.int64
+        and input_ids.ndim == 1
+    ):
+        return input_ids
+    if (
+        isinstance(input_ids, np.ndarray)
+        and input_ids.dtype == np.uint64
+        and np.any(input_ids > np.iinfo(np.int64).max)
+    ):
+        raise ArgumentError("input_ids: a token id does not fit in int64")
+    ids = np.array(as_token_ids(input_ids), dtype=np.int64)  # type: ignore[arg-type]
+    ids.setflags(write=False)
+    return ids
+
+
+_MANAGER_METHODS = ("match_prefix", "lock_handle", "insert_prefix", "evict", "page_size")
+_POOL_METHODS = ("allocate", "free", "page_size", "num_evicted_slots")
+
+
+def _check_manager_and_pool(manager: BaseCacheManager, pool: PagePool) -> None:
+    # What the steps call, not the class: a proxy that forwards them (a recorder, a timer) will do.
+    if not all(hasattr(manager, name) for name in _MANAGER_METHODS):
+        raise ArgumentTypeError(f"manager must be a cache manager, got {type(manager).__name__}")
+    if not all(hasattr(pool, name) for name in _POOL_METHODS):
+        raise ArgumentTypeError(f"pool must be a PagePool, got {type(pool).__name__}")
+    if manager.page_size != pool.page_size:
+        raise ArgumentError(f"pool: page_size {pool.page_size} differs from the manager's {manager.page_size}")
+
+
+def _check_running(request: object) -> None:
+    if not isinstance(request, Request):
+        raise ArgumentTypeError(f"request must be a minikv.lifecycle.Request, got {type(request).__name__}")
+    if request.finished:
+        raise LockError("request: already finished; its slots belong to the tree or the pool now")
+    if request.aborted:
+        raise LockError("request: aborted; its slots were given back")
+
+
+def _check_owner(request: Request, manager: BaseCacheManager, pool: PagePool) -> None:
+    if request.manager is not None and manager is not request.manager:
+        raise ArgumentError("manager: not the manager that admitted this request")
+    if request.pool is not None and pool is not request.pool:
+        raise ArgumentError("pool: not the pool this request's slots came from")
+
+
+def _check_store_arguments(kv_cache: object, kv_fn: object) -> None:
+    if not isinstance(kv_cache, BaseKVCache):
+        raise ArgumentTypeError(f"kv_cache must be a BaseKVCache, got {type(kv_cache).__name__}")
+    if not callable(kv_fn):
+        raise ArgumentTypeError(f"kv_fn must be callable, got {type(kv_fn).__name__}")

@@ -16,28 +16,28 @@ from ._validate import as_count, as_positive, canonical_device
 from .base import BaseCacheManager
 from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError, SlotIndexError
 
+_SLOT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+"""The integer tensor dtypes accepted as slots: the ones the managers accept."""
+
 
 class PagePool:
     """A fixed number of pages of ``page_size`` token slots each.
 
     Slot ``s`` belongs to page ``s // page_size``. Allocation hands out whole
-    pages (lowest numbers first on a fresh pool) and returns one slot per token.
+    pages (lowest numbers first on a fresh pool, then the most recently freed
+    first) and returns one slot per token.
     """
 
     def __init__(self, num_pages: int, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.num_pages = as_positive(num_pages, "num_pages")
         self.page_size = as_positive(page_size, "page_size")
         self.device = canonical_device(device)
-        self._on_cpu = self.device.type == "cpu"
-        # Page numbers are kept as np.intp: NumPy indexes with intp several times
-        # faster than with int32, and every free() and allocate() indexes with them.
-        # A stack whose top (the end) is the next page to hand out.
-        self._free_pages = np.arange(self.num_pages - 1, -1, -1, dtype=np.intp)
+        # The free pages as a stack: entries [0, _num_free) are free, and the
+        # last of them, _free_stack[_num_free - 1], is the next to hand out.
+        self._free_stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
         self._num_free = self.num_pages
         self._page_is_free = np.ones(self.num_pages, dtype=bool)
-        self._offsets = np.arange(self.page_size, dtype=np.intp)
-        # Scratch space to find a page listed twice in one free() in O(n), without sorting.
-        self._last_position = np.zeros(self.num_pages, dtype=np.intp)
+        self._position = np.zeros(self.num_pages, dtype=np.int64)  # scratch space for _has_repeats
         self.num_evicted_slots = 0
         """Slots this pool has taken back from a cache manager through eviction."""
 
@@ -66,101 +66,151 @@ class PagePool:
         pages = np.flatnonzero(self._page_is_free)
         return self._slots_of(pages, len(pages) * self.page_size)
 
+    def allocation_order(self) -> list[int]:
+        """The free pages in the order :meth:`allocate` will hand them out, next first."""
+        order: list[int] = self._free_stack[: self._num_free][::-1].tolist()
+        return order
+
     def allocate(self, num_tokens: int, evict_from: BaseCacheManager | None = None) -> torch.Tensor:
         """Slots for ``num_tokens`` tokens, as ``int32`` on the pool's device.
 
         When free pages run short and ``evict_from`` is given, the shortfall is
         evicted from that manager first. If even that cannot cover it, raises
-        :class:`~minikv.errors.OutOfSlotsError` and changes nothing.
+        :class:`~minikv.errors.OutOfSlotsError` and changes nothing. Before
+        evicting, a manager with a tree (``root_node``) is checked to hold only
+        pages this pool handed out: evicting anything else would fail after the
+        manager had already dropped it.
         """
         num_tokens = as_count(num_tokens, "num_tokens")
-        if evict_from is not None and evict_from.page_size != self.page_size:
-            raise ArgumentError(
-                f"evict_from: manager page_size {evict_from.page_size} differs from the pool's {self.page_size}"
-            )
+        if evict_from is not None:
+            if not all(hasattr(evict_from, name) for name in ("evict", "size_info", "page_size")):
+                raise ArgumentTypeError(f"evict_from must be a cache manager, got {type(evict_from).__name__}")
+            if evict_from.page_size != self.page_size:
+                raise ArgumentError(
+                    f"evict_from: manager page_size {evict_from.page_size} differs from the pool's {self.page_size}"
+                )
         needed = self.pages_for(num_tokens)
         if needed > self._num_free:
             shortfall = (needed - self._num_free) * self.page_size
             evictable = evict_from.size_info.evictable_size if evict_from is not None else 0
-            if evictable < shortfall:
+            if evict_from is None or evictable < shortfall:
                 raise OutOfSlotsError(
                     f"num_tokens: {num_tokens} tokens need {needed} pages; {self._num_free} are free "
                     f"and only {evictable} slots are evictable"
                 )
-            assert evict_from is not None
+            self._check_holds_only_used_pages(evict_from)
             evicted = evict_from.evict(shortfall)
             self.free(evicted)
             self.num_evicted_slots += len(evicted)
-        if needed == 0:
-            return self._slots_of(self._free_pages[:0], 0)
         top = self._num_free
-        pages = self._free_pages[top - needed : top][::-1]  # a view: _slots_of copies before the stack changes
+        pages = self._free_stack[top - needed : top][::-1]
+        slots = self._slots_of(pages, num_tokens)  # a copy: later frees overwrite the stack
         self._num_free = top - needed
         self._page_is_free[pages] = False
-        return self._slots_of(pages, num_tokens)
+        return slots
 
     def free(self, slots: torch.Tensor | Sequence[int]) -> None:
         """Return the pages these slots belong to.
 
-        ``slots`` must be whole pages in order (the last one may be cut short),
-        as ``allocate``, ``match_prefix`` and ``evict`` produce them. Freeing a
-        page that is already free, or the same page twice, raises
-        :class:`~minikv.errors.DoubleFreeError` and frees nothing.
+        ``slots`` must be whole pages, each page's slots in order (the last page
+        may be cut short), as ``allocate``, ``match_prefix`` and ``evict`` produce
+        them. Freeing a page that is already free, or the same page twice, raises
+        :class:`~minikv.errors.DoubleFreeError`; any refused call frees nothing.
         """
         array = self._as_slot_array(slots)
-        num = array.size
-        if num == 0:
+        if array.size == 0:
             return
-        ps = self.page_size
-        if ps == 1:
-            pages = array
-        else:
-            pages = array[::ps] // ps
-            expected = (pages[:, None] * ps + self._offsets).reshape(-1)[:num]
-            if expected.tobytes() != array.tobytes():  # one memcmp on the happy path
-                if np.any(array[::ps] % ps):
-                    raise ArgumentError("slots: each page must start at a multiple of page_size")
-                raise ArgumentError("slots: must list whole pages, each page's slots in order")
-        positions = np.arange(pages.size, dtype=np.intp)
-        last_position = self._last_position
-        last_position[pages] = positions  # a repeated page keeps only its last position
-        if last_position[pages].tobytes() != positions.tobytes():
+        pages = self._pages_of(array)
+        if self._has_repeats(pages):
             raise DoubleFreeError("slots: the same page is listed twice")
         was_free = self._page_is_free[pages]
-        if np.count_nonzero(was_free):  # three times cheaper than .any() at these sizes
+        if was_free.any():
             raise DoubleFreeError(f"slots: page {int(pages[was_free][0])} is already free")
         top = self._num_free
-        self._free_pages[top : top + pages.size] = pages[::-1]
+        self._free_stack[top : top + pages.size] = pages[::-1]
         self._num_free = top + pages.size
         self._page_is_free[pages] = True
 
+    def _has_repeats(self, pages: np.ndarray) -> bool:
+        """Whether a page is listed twice, in one pass and without sorting.
+
+        Each page writes its position in the list into a scratch array; a page
+        listed twice keeps only its last position, so reading back differs.
+        """
+        positions = np.arange(pages.size)
+        self._position[pages] = positions
+        return not np.array_equal(self._position[pages], positions)
+
+    def _pages_of(self, slots: np.ndarray) -> np.ndarray:
+        """The page of each whole page in ``slots``; refuses slots that are not whole pages in order."""
+        ps = self.page_size
+        if ps == 1:
+            return slots
+        firsts = slots[::ps]
+        if np.any(firsts % ps):
+            raise ArgumentError("slots: each page must start at a multiple of page_size")
+        pages = firsts // ps
+        if not np.array_equal(self._slots_of_pages(pages)[: slots.size], slots):
+            raise ArgumentError("slots: must list whole pages, each page's slots in order")
+        return pages
+
+    def _check_holds_only_used_pages(self, manager: BaseCacheManager) -> None:
+        """Refuse to evict from a manager whose tree holds a slot outside this pool, or a free one."""
+        root = getattr(manager, "root_node", None)
+        if root is None:
+            return  # a manager without a tree: nothing to look at
+        values: list[torch.Tensor] = []
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.is_root():
+                values.append(node.value)
+        if not values:
+            return
+        held = torch.cat(values).cpu().numpy().astype(np.int64)
+        outside = (held < 0) | (held >= self.num_slots)
+        if outside.any():
+            raise ArgumentError(
+                f"evict_from: the manager holds slot {int(held[outside][0])}, outside this pool's [0, {self.num_slots})"
+            )
+        free = self._page_is_free[held // self.page_size]
+        if free.any():
+            raise ArgumentError(f"evict_from: the manager holds slot {int(held[free][0])}, which is free in this pool")
+
     def _as_slot_array(self, slots: torch.Tensor | Sequence[int]) -> np.ndarray:
-        """The slots as a fresh 1-D ``np.intp`` array, each checked to lie in ``[0, num_slots)``."""
+        """The slots as a fresh 1-D int64 array, each checked to lie in ``[0, num_slots)``."""
         if isinstance(slots, torch.Tensor):
-            if slots.dtype not in (torch.int32, torch.int64):
-                raise ArgumentTypeError(f"slots must be an int32 or int64 tensor, got {slots.dtype}")
+            if slots.dtype not in _SLOT_DTYPES:
+                raise ArgumentTypeError(f"slots must be an integer tensor, got {slots.dtype}")
             if slots.dim() != 1:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
-            array = slots.cpu().numpy().astype(np.intp)  # integer tensors never carry autograd history
+            array = slots.cpu().numpy().astype(np.int64)  # integer tensors carry no autograd history
         elif isinstance(slots, (list, tuple)):
             if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in slots):
                 raise ArgumentTypeError("slots must contain only ints")
-            array = np.asarray(slots, dtype=np.intp).reshape(-1)
+            for x in slots:
+                if not 0 <= x < self.num_slots:
+                    raise SlotIndexError(f"slots: slot {x} is outside [0, {self.num_slots})")
+            array = np.array(slots, dtype=np.int64).reshape(-1)
         else:
             raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
-        # Seen as unsigned, a negative slot is huge: one max() checks both ends.
-        if array.size and array.view(np.uintp).max() >= self.num_slots:
-            bad = int(array[(array < 0) | (array >= self.num_slots)][0])
-            raise SlotIndexError(f"slots: slot {bad} is outside [0, {self.num_slots})")
+        if array.size and (array.min() < 0 or array.max() >= self.num_slots):
+            bad = array[(array < 0) | (array >= self.num_slots)][0]
+            raise SlotIndexError(f"slots: slot {int(bad)} is outside [0, {self.num_slots})")
         return array
 
-    def _slots_of(self, pages: np.ndarray, num_tokens: int) -> torch.Tensor:
+    def _slots_of_pages(self, pages: np.ndarray) -> np.ndarray:
+        """Every slot of ``pages``, page by page."""
         if self.page_size == 1:
-            slots = pages[:num_tokens]
-        else:
-            slots = (pages[:, None] * self.page_size + self._offsets).reshape(-1)[:num_tokens]
-        tensor = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
-        return tensor if self._on_cpu else tensor.to(self.device)
+            return pages
+        offsets = np.arange(self.page_size, dtype=np.int64)
+        return (pages[:, None] * self.page_size + offsets).reshape(-1)
+
+    def _slots_of(self, pages: np.ndarray, num_tokens: int) -> torch.Tensor:
+        """The first ``num_tokens`` slots of ``pages``, as an int32 tensor on the pool's device."""
+        slots = self._slots_of_pages(pages)[:num_tokens]
+        return torch.from_numpy(slots.astype(np.int32)).to(self.device)
 
     def __repr__(self) -> str:
         return f"PagePool(num_pages={self.num_pages}, page_size={self.page_size}, free_pages={self._num_free})"

@@ -93,8 +93,7 @@ def manager_snapshot(manager: BaseCacheManager) -> object:
 
 def pool_snapshot(pool: PagePool) -> object:
     """Free pages *in the order they will be handed out*, and the eviction counter."""
-    free_stack = getattr(pool, "_free_pages", None)
-    order = tuple(free_stack[: pool.num_free_pages].tolist()) if free_stack is not None else None
+    order = tuple(pool.allocation_order())
     return (pool.num_free_pages, tuple(pool.free_slots().tolist()), order, pool.num_evicted_slots)
 
 
@@ -122,7 +121,7 @@ def assert_pages_accounted(pool: PagePool, holders: dict[str, Iterable[int]]) ->
     for page in pages_of(pool.free_slots().tolist(), ps):
         owner_of[page] = "free"
     for name, slots in holders.items():
-        for page in set(s // ps for s in slots):
+        for page in {s // ps for s in slots}:
             assert page not in owner_of, f"page {page} is held by {name} and by {owner_of[page]}"
             owner_of[page] = name
     missing = sorted(set(range(pool.num_pages)) - set(owner_of))

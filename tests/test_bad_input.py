@@ -45,7 +45,7 @@ from minikv.errors import (
     SlotIndexError,
     StaleHandleError,
 )
-from minikv.lifecycle import store
+from minikv.lifecycle import abort, store
 
 HEADS, HEAD_DIM, LAYERS, PAGES = 2, 4, 2, 16
 
@@ -66,7 +66,7 @@ class World:
 
     def snapshot(self) -> tuple[object, ...]:
         def request_state(r: Request) -> object:
-            return (r.indices.tolist(), r.cached_len, r.already_cached, len(r.trace), r.evicted)
+            return (r.indices.tolist(), r.cached_len, r.already_cached, r.aborted, list(r.trace), r.evicted)
 
         return (
             manager_snapshot(self.radix),
@@ -99,6 +99,10 @@ def make_world() -> World:
     store(running, cache, kv_fn)
     radix.check_integrity()
     return World(radix, pool, cache, NaiveCacheManager(), running, finished, stale, unlocked)
+
+
+def ones_kv(layer: int, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(len(ids) - start, HEADS, HEAD_DIM), torch.zeros(len(ids) - start, HEADS, HEAD_DIM)
 
 
 def k_and_v(n: int, heads: int = HEADS, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +154,10 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ("free a free page", lambda w: w.pool.free([PAGES - 1]), DoubleFreeError, "slots"),
     ("free a page twice in one call", lambda w: w.pool.free(w.running.own_slots()[:1].repeat(2)), DoubleFreeError, "slots"),
     ("free a slot past the end", lambda w: w.pool.free([PAGES]), SlotIndexError, "slots"),
+    ("free a slot past int64", lambda w: w.pool.free([2**63]), SlotIndexError, "slots"),
     ("free float slots", lambda w: w.pool.free(torch.tensor([0.0])), ArgumentTypeError, "slots"),
     ("allocate a negative count", lambda w: w.pool.allocate(-3), ArgumentError, "num_tokens"),
+    ("allocate evicting from 3", lambda w: w.pool.allocate(PAGES, evict_from=3), ArgumentTypeError, "evict_from"),
     ("allocate more than fits", lambda w: w.pool.allocate(PAGES, evict_from=w.radix), OutOfSlotsError, "num_tokens"),
     (
         "allocate evicting from a manager of another page size",
@@ -163,6 +169,17 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ("admit with a pool of another page size", lambda w: admit(w.radix, PagePool(4, 2), [1]), ArgumentError, "pool"),
     ("admit float ids", lambda w: admit(w.radix, w.pool, torch.tensor([1.0])), ArgumentTypeError, "input_ids"),
     ("finish twice", lambda w: finish(w.radix, w.pool, w.finished), LockError, "request"),
+    ("admit with no manager", lambda w: admit(None, w.pool, [1]), ArgumentTypeError, "manager"),
+    ("admit with no pool", lambda w: admit(w.radix, None, [1]), ArgumentTypeError, "pool"),
+    ("admit None as ids", lambda w: admit(w.radix, w.pool, None), ArgumentTypeError, "input_ids"),
+    ("admit ids past int64", lambda w: admit(w.radix, w.pool, np.array([2**63], "u8")), ArgumentError, "input_ids"),
+    ("store into a finished request", lambda w: store(w.finished, w.cache, ones_kv), LockError, "request"),
+    ("store into something not a cache", lambda w: store(w.running, object(), ones_kv), ArgumentTypeError, "kv_cache"),
+    ("finish with another pool", lambda w: finish(w.radix, PagePool(PAGES), w.running), ArgumentError, "pool"),
+    ("finish with another manager", lambda w: finish(RadixCacheManager(), w.pool, w.running), ArgumentError, "manager"),
+    ("abort a finished request", lambda w: abort(w.radix, w.pool, w.finished), LockError, "request"),
+    ("abort with another pool", lambda w: abort(w.radix, PagePool(PAGES), w.running), ArgumentError, "pool"),
+    ("serve into a non-cache", lambda w: serve(w.radix, w.pool, [2], object(), ones_kv), ArgumentTypeError, "kv_cache"),
     ("serve a cache without kv_fn", lambda w: serve(w.radix, w.pool, [1, 2, 3, 4], w.cache), ArgumentError, "kv_fn"),
     # -- MHAKVCache
     (

@@ -250,7 +250,7 @@ def test_a_cached_block_on_the_free_list_costs_a_free_block() -> None:
     # 4 blocks needed, 2 of them cached but free, 3 free in all: the hits leave the free list too.
     manager = BlockManager(3, 4)
     manager.deallocate(allocated(manager, list(range(9))))
-    seq = Sequence(list(range(8)) + [50, 51, 52, 53, 54])
+    seq = Sequence([*range(8), 50, 51, 52, 53, 54])
     assert manager.cached_blocks(seq.token_ids) == [0, 1]
     assert not manager.can_allocate(seq)
     with pytest.raises(OutOfSlotsError):
@@ -500,7 +500,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert held == Counter({b: r for b, r in enumerate(model.ref) if r})  # ref counts are exact
         assert set(held).isdisjoint(manager.free_block_ids)
         assert set(held) | set(manager.free_block_ids) == set(range(self.num_blocks))  # nothing leaked
-        for block, content in zip(manager.blocks, model.content):
+        for block, content in zip(manager.blocks, model.content, strict=True):
             if content is None:
                 assert (block.hash, block.token_ids) == (NO_HASH, ())
             else:
@@ -653,6 +653,12 @@ BAD_CALLS: list[tuple[str, type[MiniKVError], str, Call]] = [
     ("can_append to a sequence never allocated", ArgumentError, "seq", lambda m, s: m.can_append(s["new"])),
     ("cached_blocks of a string", ArgumentTypeError, "token_ids", lambda m, s: m.cached_blocks("1234")),
     ("cached_blocks of floats", ArgumentTypeError, "token_ids", lambda m, s: m.cached_blocks([1.0, 2.0])),
+    (
+        "cached_blocks of uint64 ids past int64",
+        ArgumentError,
+        "token_ids",
+        lambda m, s: m.cached_blocks(np.array([1, 2, 3, 4, 2**63], dtype=np.uint64)),
+    ),
 ]
 
 
@@ -692,6 +698,9 @@ def test_bad_input_raises_names_the_argument_and_changes_nothing(
         (lambda: Sequence("abc"), ArgumentTypeError, "token_ids"),
         (lambda: Sequence([True, 2]), ArgumentTypeError, "token_ids"),
         (lambda: Sequence([2**70]), ArgumentError, "token_ids"),
+        (lambda: Sequence(np.array([1, 2**63], dtype=np.uint64)), ArgumentError, "token_ids"),
+        (lambda: compute_hash(np.array([2**64 - 1], dtype=np.uint64)), ArgumentError, "token_ids"),
+        (lambda: block_hashes(np.array([2**63] * 4, dtype=np.uint64), 2), ArgumentError, "token_ids"),
         (lambda: Sequence(np.zeros((2, 2), dtype=np.int64)), ArgumentTypeError, "token_ids"),
         (lambda: compute_hash([1.0]), ArgumentTypeError, "token_ids"),
         (lambda: compute_hash([1], -2), ArgumentError, "prefix_hash"),
@@ -709,3 +718,60 @@ def test_bad_construction_names_the_argument(
     with pytest.raises(error) as caught:
         make()
     assert str(caught.value).startswith(argument), str(caught.value)
+
+
+# -- the manager does not trust what users can write ---------------------------------------------
+
+
+def test_uint64_ids_below_2_63_hash_like_the_same_ints() -> None:
+    big = [2**63 - 1, 5, 2**62, 7]
+    assert block_hashes(np.array(big, dtype=np.uint64), 2) == block_hashes(big, 2)
+    assert Sequence(np.array(big, dtype=np.uint64)).token_ids == big
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.__setitem__(0, 99),  # a block id that does not exist
+        lambda t: t.__setitem__(-1, 4),  # a real block this sequence does not hold
+        lambda t: t.reverse(),
+        lambda t: t.append(t[0]),
+        lambda t: t.clear(),
+    ],
+    ids=["bogus id", "another block", "reversed", "one block twice", "emptied"],
+)
+def test_deallocate_refuses_an_edited_block_table_before_releasing_anything(edit: Callable[[list[int]], None]) -> None:
+    manager, sequences = healthy_manager()
+    seq = sequences["B"]
+    table = list(seq.block_table)
+    edit(seq.block_table)
+    before = snapshot(manager)
+    with pytest.raises(ArgumentError, match=r"^seq\.block_table"):
+        manager.deallocate(seq)
+    assert snapshot(manager) == before and seq in manager.sequences
+    with pytest.raises(ArgumentError, match=r"^seq\.block_table"):
+        manager.append(seq, 1)
+    assert snapshot(manager) == before
+    seq.block_table[:] = table  # put back what the manager wrote: now it can go
+    manager.deallocate(seq)
+    manager.check_integrity()
+
+
+def test_append_refuses_tokens_added_behind_the_managers_back() -> None:
+    manager = BlockManager(4, 2)
+    seq = allocated(manager, [1, 2])
+    seq.token_ids.append(3)  # not through append: the manager took no block for it
+    before = snapshot(manager)
+    with pytest.raises(ArgumentError, match=r"^seq\.token_ids"):
+        manager.append(seq, 5)
+    assert snapshot(manager) == before
+
+
+def test_check_integrity_sees_a_table_swapped_for_another_that_holds_the_same_tokens() -> None:
+    manager = BlockManager(4, 2)
+    first, second = allocated(manager, [1, 2, 3]), allocated(manager, [1, 2, 3])
+    assert first.block_table == [0, 1] and second.block_table == [0, 2]
+    second.block_table = [0, 1]  # same tokens, so every block still holds what it should
+    with pytest.raises(IntegrityError) as caught:
+        manager.check_integrity()
+    assert caught.value.invariant == "block table"

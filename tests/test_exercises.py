@@ -150,20 +150,31 @@ def free_everything_new(indices, cached_len, already_cached, page_size):
     return indices[cached_len:]
 
 
+def admit_matching_the_whole_prompt(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids)  # the notes' match: nothing left to compute
+    manager.lock_handle(handle)
+    try:
+        new_slots = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
+    except Exception:
+        manager.lock_handle(handle, unlock=True)
+        raise
+    return handle, torch.cat([matched, new_slots])
+
+
 def admit_without_lock(manager, pool, input_ids):
-    handle, matched = manager.match_prefix(input_ids)
+    handle, matched = manager.match_prefix(input_ids[:-1])
     return handle, torch.cat([matched, pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)])
 
 
 def admit_locks_after_allocating(manager, pool, input_ids):
-    handle, matched = manager.match_prefix(input_ids)
+    handle, matched = manager.match_prefix(input_ids[:-1])
     new = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
     manager.lock_handle(handle)
     return handle, torch.cat([matched, new])
 
 
 def admit_keeps_lock_on_failure(manager, pool, input_ids):
-    handle, matched = manager.match_prefix(input_ids)
+    handle, matched = manager.match_prefix(input_ids[:-1])
     manager.lock_handle(handle)
     return handle, torch.cat([matched, pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)])
 
@@ -175,6 +186,7 @@ def admit_locks_twice(manager, pool, input_ids):
 
 
 WRONG["lifecycle.admit"] = [
+    admit_matching_the_whole_prompt,
     admit_without_lock,
     admit_locks_after_allocating,
     admit_keeps_lock_on_failure,
@@ -219,6 +231,7 @@ def _serve_with(
 
 
 WRONG["lifecycle.serve"] = [
+    _serve_with(admit_matching_the_whole_prompt, S["finish"]),
     _serve_with(admit_keeps_lock_on_failure, S["finish"]),
     _serve_with(admit_without_lock, S["finish"]),
     _serve_with(S["admit"], _finish_freeing(free_the_notes_way)),

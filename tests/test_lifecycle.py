@@ -7,6 +7,7 @@ duplicates ``indices[cached_len:already_cached]`` -- never the tree's own slots.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_pages_accounted, cache_snapshot, manager_snapshot, pool_snapshot, tree_entries, tree_slots
@@ -24,8 +25,8 @@ from minikv import (
     serve,
 )
 from minikv.base import BaseCacheManager
-from minikv.errors import ArgumentError, LockError, OutOfSlotsError
-from minikv.lifecycle import store
+from minikv.errors import ArgumentError, ArgumentTypeError, LockError, OutOfSlotsError
+from minikv.lifecycle import Step, abort, store
 
 HEADS, HEAD_DIM, LAYERS = 2, 3, 2
 
@@ -127,10 +128,10 @@ def test_store_writes_only_the_requests_own_slots_in_every_layer() -> None:
     finish(manager, pool, second)
 
 
-def test_store_with_everything_cached_writes_nothing() -> None:
+def test_store_with_the_whole_prompt_matched_writes_nothing() -> None:
     manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
     serve(manager, pool, [5, 6], cache, kv_rows(tag=1))
-    request = admit(manager, pool, [5, 6])
+    request = admit(manager, pool, [5, 6], whole_prompt=True)  # the notes' match: every token
     before = cache_snapshot(cache)
     store(request, cache, kv_rows(tag=2))
     assert torch.equal(cache.kv_buffer, before)
@@ -182,7 +183,7 @@ def test_finish_frees_from_cached_len_not_from_zero() -> None:
     free_before = pool.num_free_pages
     assert finish(manager, pool, b) == 4  # b's slots for [3, 4] are duplicates now
     assert pool.num_free_pages == free_before + 2
-    assert manager.match_prefix([1, 2, 3, 4, 5])[1].tolist() == a.indices.tolist() + [b.indices[4].item()]
+    assert manager.match_prefix([1, 2, 3, 4, 5])[1].tolist() == [*a.indices.tolist(), b.indices[4].item()]
     accounted(manager, pool, [])
 
 
@@ -258,3 +259,215 @@ def test_a_device_named_two_ways_is_one_device() -> None:
     serve(NaiveCacheManager(device="cpu"), naive_pool, [1, 2])
     assert naive_pool.num_free_pages == 4
     accounted(manager, pool, [])
+
+
+# -- a server computes at least one token -------------------------------------------
+
+
+def test_admit_matches_all_but_the_last_token() -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    first = serve(manager, pool, [1, 2, 3], cache, kv_rows(tag=1))
+    request = admit(manager, pool, [1, 2, 3])  # cached whole, yet the last token is computed
+    assert request.cached_len == 2 and request.trace[0].detail == "2 of 3 tokens cached"
+    assert request.indices[:2].tolist() == first.indices[:2].tolist() and len(request.own_slots()) == 1
+    store(request, cache, kv_rows(tag=2))
+    assert request.trace[-1].detail == f"1 tokens x {LAYERS} layers"
+    assert finish(manager, pool, request) == 3  # its slot for token 3 was a duplicate...
+    assert pool.num_free_pages == 5  # ...and went back to the pool
+    assert "freed 1 duplicate slots" in request.trace[5].detail
+    accounted(manager, pool, [])
+
+
+def test_whole_prompt_matches_every_cached_token_as_the_notes_do() -> None:
+    manager, pool = RadixCacheManager(), PagePool(8)
+    serve(manager, pool, [1, 2, 3])
+    request = admit(manager, pool, [1, 2, 3], whole_prompt=True)
+    assert request.cached_len == 3 and len(request.own_slots()) == 0
+    assert finish(manager, pool, request) == 3
+    assert serve(manager, pool, [1, 2, 3], whole_prompt=True).cached_len == 3
+    accounted(manager, pool, [])
+
+
+@pytest.mark.parametrize(("prompt_len", "server", "whole"), [(8, 4, 8), (9, 8, 8), (5, 4, 4), (4, 0, 4)])
+def test_the_server_match_stops_at_the_last_whole_page_before_the_last_token(
+    prompt_len: int, server: int, whole: int
+) -> None:
+    manager, pool = RadixCacheManager(page_size=4), PagePool(8, page_size=4)
+    serve(manager, pool, list(range(prompt_len)))
+    assert admit(manager, pool, list(range(prompt_len))).cached_len == server
+    assert admit(manager, pool, list(range(prompt_len)), whole_prompt=True).cached_len == whole
+
+
+def test_an_empty_prompt_matches_nothing_and_holds_nothing() -> None:
+    manager, pool = RadixCacheManager(), PagePool(4)
+    serve(manager, pool, [1, 2])
+    request = admit(manager, pool, [])
+    assert request.cached_len == 0 and request.indices.numel() == 0
+    assert finish(manager, pool, request) == 0
+    accounted(manager, pool, [])
+
+
+# -- the trace ----------------------------------------------------------------------
+
+
+def test_the_trace_is_recorded_as_each_step_happens() -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    request = admit(manager, pool, [1, 2, 3])
+    assert all(isinstance(step, Step) for step in request.trace) and len(request.trace) == 3
+    store(request, cache, kv_rows(tag=1))
+    assert [s.number for s in request.trace] == [1, 2, 3, 6]
+    finish(manager, pool, request)
+    assert [(s.number, s.name) for s in request.trace] == [
+        (1, "match_prefix"), (2, "lock_handle"), (3, "allocate"), (6, "store_kv"),
+        (4, "insert_prefix"), (5, "free"), (7, "unlock"),
+    ]  # fmt: skip
+
+
+# -- the request owns its prompt ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_refilling_the_callers_buffer_before_finish_changes_nothing(kind: str) -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    buffer = np.array([1, 2, 3], dtype=np.int64)
+    ids = buffer if kind == "numpy" else torch.from_numpy(buffer)
+    request = admit(manager, pool, ids)
+    buffer[:] = [7, 8, 9]  # the caller reuses its buffer for the next prompt
+    store(request, cache, kv_rows(tag=1))
+    finish(manager, pool, request)
+    assert request.input_ids.tolist() == [1, 2, 3]
+    assert manager.match_prefix([1, 2, 3])[0].cached_len == 3
+    assert manager.match_prefix([7, 8, 9])[0].cached_len == 0
+    for pos, slot in enumerate(request.indices.tolist()):  # the K/V of tokens 1, 2, 3, not 7, 8, 9
+        assert row(cache, 0, slot) == pytest.approx(1000 + [1, 2, 3][pos] + pos / 100)
+    with pytest.raises(ValueError, match="read-only"):
+        request.input_ids[0] = 5
+
+
+def test_uint64_ids_that_do_not_fit_int64_are_refused() -> None:
+    manager, pool = RadixCacheManager(), PagePool(4)
+    before = (manager_snapshot(manager), pool_snapshot(pool))
+    with pytest.raises(ArgumentError, match="input_ids"):
+        admit(manager, pool, np.array([2**63, 1], dtype=np.uint64))
+    assert (manager_snapshot(manager), pool_snapshot(pool)) == before
+    assert admit(manager, pool, np.array([2**63 - 1], dtype=np.uint64)).input_ids.tolist() == [2**63 - 1]
+
+
+# -- refused calls change nothing -----------------------------------------------------
+
+
+def world_state(manager: RadixCacheManager, pool: PagePool, cache: MHAKVCache, *requests: Request) -> object:
+    return (
+        manager_snapshot(manager),
+        pool_snapshot(pool),
+        cache_snapshot(cache).tolist(),
+        [(r.indices.tolist(), r.already_cached, r.aborted, list(r.trace)) for r in requests],
+    )
+
+
+def test_store_refuses_a_finished_or_aborted_request() -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    done = serve(manager, pool, [1, 2, 3], cache, kv_rows(tag=1))
+    dropped = admit(manager, pool, [4, 5])
+    abort(manager, pool, dropped)
+    other = serve(manager, pool, [6, 7], cache, kv_rows(tag=2))  # now holds the slots dropped gave back
+    assert set(other.indices.tolist()) & set(dropped.own_slots().tolist())
+    before = world_state(manager, pool, cache, done, dropped)
+    for request, reason in ((done, "finished"), (dropped, "aborted")):
+        with pytest.raises(LockError, match=f"request: {'already ' if reason == 'finished' else ''}{reason}"):
+            store(request, cache, kv_rows(tag=3))
+        assert world_state(manager, pool, cache, done, dropped) == before
+
+
+def test_finish_with_another_manager_or_pool_is_refused_before_anything_changes() -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    serve(manager, pool, [1, 2], cache, kv_rows(tag=1))
+    request = admit(manager, pool, [1, 2, 3, 4])
+    wrong_manager, wrong_pool = RadixCacheManager(), PagePool(8)
+    wrong_pool.allocate(4)
+    others = (manager_snapshot(wrong_manager), pool_snapshot(wrong_pool))
+    before = world_state(manager, pool, cache, request)
+    for call, name in (
+        (lambda: finish(wrong_manager, pool, request), "manager"),
+        (lambda: finish(manager, wrong_pool, request), "pool"),
+        (lambda: abort(manager, wrong_pool, request), "pool"),
+        (lambda: finish(manager, PagePool(8, page_size=2), request), "pool"),
+        (lambda: finish(manager, pool, "request"), "request"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises((ArgumentError, ArgumentTypeError), match=name):
+            call()
+        assert world_state(manager, pool, cache, request) == before
+        assert (manager_snapshot(wrong_manager), pool_snapshot(wrong_pool)) == others
+    assert request.running
+    assert finish(manager, pool, request) == 2  # the right pair still works
+    accounted(manager, pool, [])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "name"),
+    [
+        (lambda m, p: admit(None, p, [1]), ArgumentTypeError, "manager"),  # type: ignore[arg-type]
+        (lambda m, p: admit(m, None, [1]), ArgumentTypeError, "pool"),  # type: ignore[arg-type]
+        (lambda m, p: admit(m, p, None), ArgumentTypeError, "input_ids"),  # type: ignore[arg-type]
+        (lambda m, p: admit(m, p, [1], whole_prompt=1), ArgumentTypeError, "whole_prompt"),  # type: ignore[arg-type]
+        (lambda m, p: serve(m, p, [1], kv_cache=object(), kv_fn=kv_rows(1)), ArgumentTypeError, "kv_cache"),  # type: ignore[arg-type]
+        (lambda m, p: serve(m, p, [1], kv_cache=small_cache(4), kv_fn=3), ArgumentTypeError, "kv_fn"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_lifecycle_arguments_name_themselves_and_change_nothing(call, error: type, name: str) -> None:  # type: ignore[no-untyped-def]
+    manager, pool = RadixCacheManager(), PagePool(4)
+    serve(manager, pool, [1, 2])
+    before = (manager_snapshot(manager), pool_snapshot(pool))
+    with pytest.raises(error, match=name):
+        call(manager, pool)
+    assert (manager_snapshot(manager), pool_snapshot(pool)) == before
+
+
+# -- failures half-way: nothing leaks -------------------------------------------------
+
+
+def failing_kv_fn(layer: int, input_ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if layer == 1:
+        raise RuntimeError("the forward pass failed")
+    return kv_rows(tag=9)(layer, input_ids, start)
+
+
+def wrong_shape_kv_fn(layer: int, input_ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = kv_rows(tag=9)(layer, input_ids, start)
+    return k[:, :1], v[:, :1]
+
+
+@pytest.mark.parametrize(("kv_fn", "error"), [(failing_kv_fn, RuntimeError), (wrong_shape_kv_fn, ArgumentError)])
+def test_serve_failing_in_the_store_step_gives_back_its_slots_and_its_lock(kv_fn, error: type) -> None:  # type: ignore[no-untyped-def]
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    serve(manager, pool, [1, 2], cache, kv_rows(tag=1))
+    entries = {k: e.slots for k, e in tree_entries(manager).items()}
+    free_before = pool.num_free_pages
+    with pytest.raises(error):
+        serve(manager, pool, [1, 2, 3, 4], cache, kv_fn)
+    assert manager.size_info == SizeInfo(evictable_size=2, protected_size=0)  # unlocked
+    assert pool.num_free_pages == free_before  # its two new slots came back
+    assert {k: e.slots for k, e in tree_entries(manager).items()} == entries  # nothing inserted
+    accounted(manager, pool, [])
+    manager.reset()  # possible only because nothing is locked
+
+
+def test_a_failed_store_leaves_the_request_running_for_abort() -> None:
+    manager, pool, cache = RadixCacheManager(), PagePool(8), small_cache(8)
+    serve(manager, pool, [1, 2], cache, kv_rows(tag=1))
+    request = admit(manager, pool, [1, 2, 3, 4])
+    with pytest.raises(RuntimeError):
+        store(request, cache, failing_kv_fn)
+    assert request.running and [s.number for s in request.trace] == [1, 2, 3]
+    accounted(manager, pool, [request])
+    abort(manager, pool, request)
+    assert request.aborted and not request.running and not request.finished
+    assert [(s.number, s.name) for s in request.trace[3:]] == [(5, "free"), (7, "unlock")]
+    assert "freed its 2 own slots" in request.trace[3].detail
+    assert manager.size_info == SizeInfo(2, 0) and pool.num_free_pages == 6
+    accounted(manager, pool, [])
+    before = (manager_snapshot(manager), pool_snapshot(pool))
+    for again in (abort, finish):
+        with pytest.raises(LockError, match="aborted"):
+            again(manager, pool, request)
+        assert (manager_snapshot(manager), pool_snapshot(pool)) == before

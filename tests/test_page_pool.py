@@ -189,3 +189,64 @@ def test_allocate_refuses_a_bad_count(num_tokens: object) -> None:
     with pytest.raises((ArgumentError, ArgumentTypeError), match="num_tokens"):
         pool.allocate(num_tokens)  # type: ignore[arg-type]
     assert pool_snapshot(pool) == before
+
+
+def test_allocation_order_is_the_order_allocate_hands_pages_out() -> None:
+    pool = PagePool(num_pages=5, page_size=2)
+    assert pool.allocation_order() == [0, 1, 2, 3, 4]
+    pool.allocate(6)
+    pool.free([2, 3])
+    assert pool.allocation_order() == [1, 3, 4]
+    assert pool.allocate(4).tolist() == [2, 3, 6, 7]
+    assert pool.allocation_order() == [4]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+def test_free_takes_every_integer_dtype_the_managers_take(dtype: torch.dtype) -> None:
+    pool = PagePool(num_pages=4)
+    pool.allocate(4)
+    pool.free(torch.tensor([2, 0], dtype=dtype))
+    assert pool.free_slots().tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("slots", [[2**63], [2**64 + 1], [-(2**63) - 1], torch.tensor([2**62])])
+def test_free_refuses_a_slot_too_big_for_any_integer_type_with_a_minikv_error(slots: object) -> None:
+    pool = PagePool(num_pages=4)
+    pool.allocate(4)
+    before = pool_snapshot(pool)
+    with pytest.raises(SlotIndexError, match="slots"):
+        pool.free(slots)  # type: ignore[arg-type]
+    assert pool_snapshot(pool) == before
+
+
+@pytest.mark.parametrize("evict_from", [3, "manager", object()])
+def test_allocate_refuses_something_that_is_not_a_manager(evict_from: object) -> None:
+    pool = PagePool(num_pages=2)
+    pool.allocate(2)
+    before = pool_snapshot(pool)
+    with pytest.raises(ArgumentTypeError, match="evict_from"):
+        pool.allocate(1, evict_from=evict_from)  # type: ignore[arg-type]
+    assert pool_snapshot(pool) == before
+
+
+@pytest.mark.parametrize(
+    ("foreign_slots", "match"), [([7, 100], "outside"), ([5, 6], "free in this pool")], ids=["outside", "free"]
+)
+def test_allocate_refuses_to_evict_from_a_manager_holding_slots_this_pool_did_not_hand_out(
+    foreign_slots: list[int], match: str
+) -> None:
+    pool, manager = PagePool(num_pages=8), RadixCacheManager()
+    manager.insert_prefix([1, 2], pool.allocate(2))
+    pool.allocate(4)  # held by running requests: 2 pages left free, slots 6 and 7
+    manager.insert_prefix([3, 4], foreign_slots)  # slots the pool never handed out (or has free)
+    before = (pool_snapshot(pool), manager_snapshot(manager))
+    with pytest.raises(ArgumentError, match=f"evict_from.*{match}"):
+        pool.allocate(4, evict_from=manager)  # short by 2: would evict
+    assert (pool_snapshot(pool), manager_snapshot(manager)) == before
+
+
+def test_a_paged_pool_checks_the_managers_pages_before_evicting() -> None:
+    pool, manager = PagePool(num_pages=4, page_size=2), RadixCacheManager(page_size=2)
+    manager.insert_prefix([1, 2, 3, 4], pool.allocate(4))
+    assert pool.allocate(6, evict_from=manager).tolist() == [0, 1, 2, 3, 4, 5]  # its own pages: evicted
+    manager.check_integrity()

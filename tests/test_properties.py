@@ -194,7 +194,7 @@ class RadixLifecycleMachine(RuleBasedStateMachine):
     def checked_admit(self, ids: list[int]) -> bool:
         """Admit ``ids``, checking the match, the eviction (if any) and the pool; False if out of slots."""
         ps = self.page_size
-        matched = self.ref.longest_prefix(ids)
+        matched = self.ref.longest_prefix(ids[:-1])  # admit leaves the last token to compute
         expected_indices = self.ref.indices(ids, matched)
         self.ref.use(ids, matched)
         # Will the pool cope? Free pages first, then pages nobody locks once this match is locked.

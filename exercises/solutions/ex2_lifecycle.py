@@ -28,10 +28,10 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 #
 # | step | call | why |
 # | --- | --- | --- |
-# | 1 | `handle, matched = manager.match_prefix(input_ids)` | find the slots that already hold a prefix of the prompt |
+# | 1 | `handle, matched = manager.match_prefix(input_ids[:-1])` | the cached slots of all but the last token |
 # | 2 | `manager.lock_handle(handle)` | so that step 3's eviction cannot take those slots away |
-# | 3 | `pool.allocate(n, evict_from=manager)` | slots for the `n` tokens that were not cached, evicting unlocked prefixes if the pool is short |
-# | 6 | `kv_cache.store_kv(k, v, own_slots, layer)` | the forward pass writes K and V of the new tokens, layer by layer |
+# | 3 | `pool.allocate(n, evict_from=manager)` | slots for the `n` uncached tokens, evicting if the pool is short |
+# | 6 | `kv_cache.store_kv(k, v, own_slots, layer)` | the forward pass writes K and V of the new tokens |
 # | 4 | `already = manager.insert_prefix(input_ids, indices)` | the finished request's tokens join the tree |
 # | 5 | `pool.free(...)` | give back the slots the tree did not take |
 # | 7 | `manager.lock_handle(handle, unlock=True)` | the prefix may be evicted again |
@@ -39,14 +39,19 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 # Step 6 runs before step 4, as in a real server: K and V are written during the
 # forward pass, long before the request finishes. `kv_fn(layer, input_ids, start)`
 # stands in for the model: it returns the K and V rows of the tokens `input_ids[start:]`,
-# each of shape `(tokens, heads, head_dim)`. Here is minikv serving two prompts that
-# share three tokens:
+# each of shape `(tokens, heads, head_dim)`.
+#
+# Step 1 matches `input_ids[:-1]`, not the whole prompt: the model must run on at least
+# the last token, because its output (the logits of the next token) is what the request
+# is for. mini-sglang's `match_req`, vLLM and nano-vllm all do this; the notes match the
+# whole prompt. Here is minikv serving two prompts that share three tokens, then the
+# first prompt again: all of it is cached, and still its last token gets a new slot.
 
 # %%
 manager, pool = RadixCacheManager(), PagePool(num_pages=16)
 kv_cache = MHAKVCache(num_kv_heads=2, num_layers=2, head_dim=4, num_pages=16, dtype=torch.float32,
                       kv_layout=KVCacheLayout.LayerFirst, device="cpu")  # fmt: skip
-for prompt in ([1, 2, 3, 4], [1, 2, 3, 9, 9]):
+for prompt in ([1, 2, 3, 4], [1, 2, 3, 9, 9], [1, 2, 3, 4]):
     request = minikv.serve(manager, pool, prompt, kv_cache, kv_fn)
     print(f"prompt {prompt}: slots {request.indices.tolist()}")
     for step in request.trace:
@@ -106,7 +111,8 @@ check("lifecycle.slots_to_free", slots_to_free)
 # %% [markdown]
 # ## Task 2.2 · `lifecycle.admit` (medium)
 #
-# Write `admit(manager, pool, input_ids) -> (handle, indices)`: steps 1 to 3. `indices`
+# Write `admit(manager, pool, input_ids) -> (handle, indices)`: steps 1 to 3. Match
+# `input_ids[:-1]`, as a server does, so that the last token is always computed. `indices`
 # holds one slot per token of `input_ids`: first the matched slots, then the new ones.
 #
 # If the pool cannot supply the slots, `pool.allocate` raises `OutOfSlotsError`. Let
@@ -121,7 +127,15 @@ check("lifecycle.slots_to_free", slots_to_free)
 # read, then hand them back to you as "new".
 # ```
 #
-# ```{admonition} Hint 2: undoing the lock
+# ```{admonition} Hint 2: why `input_ids[:-1]`
+# :class: dropdown
+# The forward pass computes the logits of the next token from the last prompt token. If
+# the whole prompt matched, there would be nothing to run the model on. With
+# `page_size > 1` the match of `input_ids[:-1]` ends at a page boundary by itself:
+# `match_prefix` matches whole pages only.
+# ```
+#
+# ```{admonition} Hint 3: undoing the lock
 # :class: dropdown
 # `try: ... except Exception: manager.lock_handle(handle, unlock=True); raise`.
 # ```
@@ -130,7 +144,7 @@ check("lifecycle.slots_to_free", slots_to_free)
 # %%
 def admit(manager, pool, input_ids):
     ### BEGIN SOLUTION
-    handle, matched = manager.match_prefix(input_ids)
+    handle, matched = manager.match_prefix(input_ids[:-1])
     manager.lock_handle(handle)
     try:
         new_slots = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
@@ -190,8 +204,9 @@ check("lifecycle.finish", finish)
 #
 # ```{admonition} Hint 2: a fully cached prompt
 # :class: dropdown
-# When every token was cached there is nothing to store. `store_kv` accepts zero rows,
-# but skipping the loop is clearer.
+# Even when every token is cached, your `admit` matched only `input_ids[:-1]`, so there
+# is always at least one new token to store. Its slot is a duplicate at finish, and
+# `slots_to_free` gives it back.
 # ```
 
 
@@ -200,10 +215,9 @@ def serve(manager, pool, input_ids, kv_cache, kv_fn) -> int:
     ### BEGIN SOLUTION
     handle, indices = admit(manager, pool, input_ids)
     own_slots = indices[handle.cached_len :]
-    if len(own_slots):
-        for layer in range(kv_cache.num_layers):
-            k, v = kv_fn(layer, input_ids, handle.cached_len)
-            kv_cache.store_kv(k, v, own_slots, layer)
+    for layer in range(kv_cache.num_layers):
+        k, v = kv_fn(layer, input_ids, handle.cached_len)
+        kv_cache.store_kv(k, v, own_slots, layer)
     finish(manager, pool, input_ids, handle, indices)
     return handle.cached_len
     ### END SOLUTION

@@ -21,6 +21,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._validate import as_positive
 from ..block_manager import Block, BlockManager, Sequence, block_hashes, compute_hash
@@ -67,7 +68,7 @@ def _describe(pool: BlockPool | BlockManager) -> str:
 
 def _copy_state(source: BlockManager, target: BlockPool) -> None:
     """Make ``target`` hold what ``source`` holds: the reference does a step on the learner's behalf."""
-    for mine, theirs in zip(target.blocks, source.blocks):
+    for mine, theirs in zip(target.blocks, source.blocks, strict=True):
         mine.ref_count, mine.hash, mine.token_ids = theirs.ref_count, theirs.hash, theirs.token_ids
     target.hash_to_block.clear()
     target.hash_to_block.update(source.hash_to_block)
@@ -78,7 +79,7 @@ def _copy_state(source: BlockManager, target: BlockPool) -> None:
 # -- comparing pools ------------------------------------------------------------------
 
 
-def _state(pool: BlockPool | BlockManager) -> tuple:
+def _state(pool: BlockPool | BlockManager) -> tuple[Any, ...]:
     return (
         [(b.ref_count, b.hash, tuple(b.token_ids)) for b in pool.blocks],
         dict(pool.hash_to_block),
@@ -89,7 +90,7 @@ def _state(pool: BlockPool | BlockManager) -> tuple:
 def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
     exp_blocks, exp_table, exp_free = _state(expected)
     got_blocks, got_table, got_free = _state(got)
-    for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks)):
+    for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks, strict=True)):
         if e[0] != g[0]:
             raise Mismatch(
                 f"{when}, block {block_id} should have ref_count {e[0]}.", _describe(expected), got.describe()
@@ -97,7 +98,8 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
         if e[1] != g[1] or e[2] != g[2]:
             state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
             raise Mismatch(
-                f"{when}, block {block_id} should {state}: hash {e[1]}, tokens {list(e[2])}; it has hash {g[1]}, tokens {list(g[2])}.",
+                f"{when}, block {block_id} should {state}: hash {e[1]}, tokens {list(e[2])}; "
+                f"it has hash {g[1]}, tokens {list(g[2])}.",
                 _describe(expected),
                 got.describe(),
             )
@@ -123,7 +125,7 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
 @dataclass(frozen=True)
 class PoolScenario:
     description: str
-    ops: tuple[tuple, ...]  # ("alloc", name, ids) | ("free", name) | ("collide", name)
+    ops: tuple[tuple[Any, ...], ...]  # ("alloc", name, ids) | ("free", name) | ("collide", name)
     num_blocks: int = 8
     block_size: int = 4
 
@@ -132,11 +134,11 @@ class PoolScenario:
         return sum(len(op[2]) for op in self.ops if op[0] == "alloc")
 
 
-def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple, ...]:
+def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple[Any, ...], ...]:
     rng = random.Random(seed)
     prompts: list[tuple[int, ...]] = []
     running: list[str] = []
-    ops: list[tuple] = []
+    ops: list[tuple[Any, ...]] = []
     for i in range(count):
         if prompts and rng.random() < 0.6:
             base = rng.choice(prompts)
@@ -192,12 +194,12 @@ SCENARIOS = [
     ),
     PoolScenario(
         "a cached prefix on free blocks: taking it back uses free blocks too",
-        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", tuple(range(8)) + (50, 51, 52, 53, 54))),
+        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
         num_blocks=4,
     ),
     PoolScenario(
         "4 blocks needed, 2 of them cached but free, 3 free in all: OutOfSlotsError",
-        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", tuple(range(8)) + (50, 51, 52, 53, 54))),
+        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
         num_blocks=3,
     ),
     PoolScenario(
@@ -235,12 +237,14 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
             except OutOfSlotsError:
                 expected = None
             if learner_allocates:
+                assert allocate is not None
                 before = _state(mine)
                 result, error = raised(allocate, mine, list(ids))
                 if expected is None:
                     if not isinstance(error, OutOfSlotsError):
                         raise Mismatch(
-                            f"step {number} needs more blocks than are free: raise OutOfSlotsError before changing anything.",
+                            f"step {number} needs more blocks than are free: "
+                            "raise OutOfSlotsError before changing anything.",
                             "OutOfSlotsError",
                             outcome(error, returned="returned normally"),
                         )
@@ -267,11 +271,12 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
             if learner_allocates:
                 _copy_state(ref, mine)
             else:
+                assert deallocate is not None
                 call(deallocate, mine, list(table))
         _compare_pools(ref, mine, when)
 
 
-def _describe_op(op: tuple) -> str:
+def _describe_op(op: tuple[Any, ...]) -> str:
     if op[0] == "alloc":
         return f"allocate {op[1]} = {list(op[2])}"
     if op[0] == "free":
@@ -316,7 +321,10 @@ def _hash_cases() -> list[Case]:
             if len(got) != len(expected):
                 hint = f" There are {len(ids) // block_size} full blocks; a partial block gets no hash."
             elif got == unchained:
-                hint = " Each block's hash must chain in the previous block's hash (prefix_hash), so equal blocks at different places differ."
+                hint = (
+                    " Each block's hash must chain in the previous block's hash (prefix_hash), "
+                    "so equal blocks at different places differ."
+                )
             raise Mismatch(f"block_hashes({list(ids)}, {block_size}) is wrong.{hint}", str(expected), str(got))
 
         return Case(desc, len(ids), run)

@@ -148,7 +148,8 @@ def check_kv(world: World, ids: tuple[int, ...], when: str) -> None:
                 raise Mismatch(
                     f"{when}, the {label} cache of layer {layer} does not hold the KV of token {pos} "
                     f"(id {ids[pos]}) in slot {slots[pos]}, the slot the tree points at. "
-                    "Store the new tokens' K/V (kv_fn(layer, input_ids, cached_len)) into the request's own slots, indices[cached_len:]."
+                    "Store the new tokens' K/V (kv_fn(layer, input_ids, cached_len)) "
+                    "into the request's own slots, indices[cached_len:]."
                 )
 
 
@@ -212,7 +213,10 @@ def _random_events(seed: int, count: int, vocab: int, max_len: int, concurrent: 
 SERVE_SCENARIOS = [
     Scenario("one request on an empty cache", (serve(1, 2, 3, 4),)),
     Scenario("a second request shares a 3-token prefix with the first", (serve(1, 2, 3, 4), serve(1, 2, 3, 9, 9))),
-    Scenario("the same prompt twice: the second is served entirely from the cache", (serve(5, 6, 7), serve(5, 6, 7))),
+    Scenario(
+        "the same prompt twice: the second is served from the cache, all but its last token",
+        (serve(5, 6, 7), serve(5, 6, 7)),
+    ),
     Scenario("a prompt that is a prefix of a cached one", (serve(1, 2, 3, 4, 5), serve(1, 2, 3))),
     Scenario(
         "the pool is full: the least recently used prefix is evicted to make room",
@@ -289,7 +293,9 @@ FINISH_SCENARIOS = [
 ADMIT_SCENARIOS = [
     Scenario("an empty cache: nothing matches, every slot is new", (admit("A", 1, 2, 3, 4),)),
     Scenario("a cached 3-token prefix is matched and locked", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5))),
-    Scenario("the whole prompt is cached", (serve(1, 2, 3, 4), admit("A", 1, 2, 3, 4))),
+    Scenario(
+        "the whole prompt is cached: all but its last token is matched", (serve(1, 2, 3, 4), admit("A", 1, 2, 3, 4))
+    ),
     Scenario(
         "the pool is full: another prefix must be evicted, never the one just matched",
         (serve(1, 2, 3, 4), serve(5, 6, 7, 8), admit("A", 5, 6, 7, 8, 9, 9, 9)),
@@ -336,7 +342,8 @@ def _slots_to_free_cases() -> list[Case]:
                         raise Mismatch(
                             f"slots_to_free(indices={request.indices.tolist()}, cached_len={request.cached_len}, "
                             f"already_cached={already}, page_size={scenario.page_size}) is wrong. "
-                            "The first cached_len slots belong to the tree; the duplicates are indices[cached_len:already_cached]; "
+                            "The first cached_len slots belong to the tree; "
+                            "the duplicates are indices[cached_len:already_cached]; "
                             "with page_size > 1 the tail after the last whole page was not inserted either.",
                             str(expected),
                             str(got.tolist()),
@@ -372,14 +379,16 @@ def _admit_cases() -> list[Case]:
                 if not isinstance(error, OutOfSlotsError):
                     what = outcome(error, returned="returned normally")
                     raise Mismatch(
-                        "the pool cannot supply enough slots even after evicting every unlocked prefix, so admit must fail "
-                        "with OutOfSlotsError (as pool.allocate does). Did you lock the match before allocating?",
+                        "the pool cannot supply enough slots even after evicting every unlocked prefix, "
+                        "so admit must fail with OutOfSlotsError (as pool.allocate does). "
+                        "Did you lock the match before allocating?",
                         "OutOfSlotsError",
                         what,
                     )
                 if mine.manager.size_info.protected_size:
                     raise Mismatch(
-                        "after the failed allocation the match is still locked: unlock it before letting the error out.",
+                        "after the failed allocation the match is still locked: "
+                        "unlock it before letting the error out.",
                         "protected_size 0",
                         f"protected_size {mine.manager.size_info.protected_size}",
                     )
@@ -388,6 +397,13 @@ def _admit_cases() -> list[Case]:
             if error is not None:
                 raise unexpected(error)
             handle, indices = _unpack_admit(result)
+            if handle.cached_len > expected.cached_len:
+                raise Mismatch(
+                    "the handle matched more than a server may: match input_ids[:-1], "
+                    "so that at least the last token is computed.",
+                    str(expected.cached_len),
+                    str(handle.cached_len),
+                )
             if handle.cached_len != expected.cached_len:
                 raise Mismatch("the handle's cached_len is wrong.", str(expected.cached_len), str(handle.cached_len))
             if indices.tolist()[: expected.cached_len] != expected.indices.tolist()[: expected.cached_len]:
@@ -400,7 +416,8 @@ def _admit_cases() -> list[Case]:
                 indices
             ) != len(ids):
                 raise Mismatch(
-                    f"the request needs {len(ids) - expected.cached_len} new slots from pool.allocate(..., evict_from=manager), after the matched ones.",
+                    f"the request needs {len(ids) - expected.cached_len} new slots "
+                    "from pool.allocate(..., evict_from=manager), after the matched ones.",
                     str(expected.indices.tolist()),
                     str(indices.tolist()),
                 )
@@ -411,7 +428,8 @@ def _admit_cases() -> list[Case]:
                 _lifecycle.finish(world.manager, world.pool, request)
             if mine.manager.size_info.protected_size:
                 raise Mismatch(
-                    "after the request finished (one unlock), part of the tree is still locked: lock the handle exactly once.",
+                    "after the request finished (one unlock), part of the tree is still locked: "
+                    "lock the handle exactly once.",
                     "protected_size 0",
                     f"protected_size {mine.manager.size_info.protected_size}",
                 )
@@ -529,7 +547,8 @@ def _serve_cases() -> list[Case]:
                     check_kv(mine, event.ids, when)
                 if mine.manager.size_info.protected_size:
                     raise Mismatch(
-                        f"{when}, {mine.manager.size_info.protected_size} slots are still locked: every lock needs its unlock, also when allocation fails."
+                        f"{when}, {mine.manager.size_info.protected_size} slots are still locked: "
+                        "every lock needs its unlock, also when allocation fails."
                     )
                 check_accounting(mine, when)
                 compare_worlds(ref, mine, when)
