@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
 from minikv.errors import ArgumentError, SlotIndexError
 from minikv.kernels import store as store_module
+from minikv.kernels.cpu_copy import slot_runs
 
 BACKENDS = ["torch", "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -248,13 +249,13 @@ def test_the_compiled_kernel_on_cuda_matches_the_reference(dtype: torch.dtype) -
 )
 def test_all_distinct_sees_overlapping_runs(slots: list[int], distinct: bool) -> None:
     for dtype in (torch.int32, torch.int64):
-        assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) is distinct
+        assert store_module.all_distinct(torch.tensor(slots, dtype=dtype)) is distinct
 
 
 def test_runs_split_at_every_break() -> None:
-    starts, lengths = store_module._runs(np.array([7, 8, 9, 2, 3, 11], dtype=np.int32))
+    starts, lengths = slot_runs(np.array([7, 8, 9, 2, 3, 11], dtype=np.int32))
     assert starts.tolist() == [0, 3, 5] and lengths.tolist() == [3, 2, 1]
-    starts, lengths = store_module._runs(np.array([], dtype=np.int32))
+    starts, lengths = slot_runs(np.array([], dtype=np.int32))
     assert starts.tolist() == [] and lengths.tolist() == []
 
 
@@ -267,4 +268,4 @@ runs_of_slots = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 6)), max_s
 @settings(REPRODUCIBLE, max_examples=300)
 def test_all_distinct_agrees_with_a_set(slots: list[int], dtype: torch.dtype) -> None:
     # Slots made of short ascending runs, overlapping or not, in any order: the shapes the run check reasons about.
-    assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) == (len(set(slots)) == len(slots))
+    assert store_module.all_distinct(torch.tensor(slots, dtype=dtype)) == (len(set(slots)) == len(slots))
