@@ -49,6 +49,12 @@ LAYOUTS = ("paged page-first layer", "fused QKV sources")
 COMBOS = [(d, i, lay) for d in DTYPES for i in INDEX_DTYPES for lay in LAYOUTS]
 
 
+@pytest.fixture(autouse=True)
+def as_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch plans as a GPU machine makes them, where nothing asks for Triton's interpreter."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
 def compile_for(jit_fn: Any, capability: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What ``jit_fn[grid](*args, **kwargs)`` would compile on a GPU of ``capability``."""
     target = GPUTarget("cuda", capability, 32)

@@ -320,19 +320,25 @@ def check_slots(indices: torch.Tensor, num_slots: int, index_name: str = "indice
     """
     if len(indices) == 0:
         return
-    if indices.is_cuda:
-        ordered = torch.sort(indices).values
-        repeats = (ordered[1:] == ordered[:-1]).any()
-        low, high, repeated = torch.stack((ordered[0].long(), ordered[-1].long(), repeats.long())).tolist()
-    else:
+    if indices.is_cpu:
         slots = indices.numpy()
         low, high = int(np.minimum.reduce(slots)), int(np.maximum.reduce(slots))
         repeated = None  # checked below, once the range is known to be sane
+    else:
+        low, high, repeated = _slot_verdict_on_device(indices)
     if low < 0 or high >= num_slots:
         bad = low if low < 0 else high
         raise SlotIndexError(f"{index_name}: slot {bad} is outside [0, {num_slots})")
     if repeated if repeated is not None else not all_distinct(indices):
         raise ArgumentError(f"{index_name} must be unique: two tokens cannot share one slot")
+
+
+def _slot_verdict_on_device(indices: torch.Tensor) -> tuple[int, int, bool]:
+    """The lowest slot, the highest, and whether one repeats: computed where the slots are, read in one transfer."""
+    ordered = torch.sort(indices).values
+    repeats = (ordered[1:] == ordered[:-1]).any()
+    low, high, repeated = torch.stack((ordered[0].long(), ordered[-1].long(), repeats.long())).tolist()
+    return low, high, bool(repeated)
 
 
 def all_distinct(indices: torch.Tensor) -> bool:
