@@ -60,11 +60,17 @@ def evict_section(doc: dict[str, Any]) -> list[str]:
 
 
 def store_section(doc: dict[str, Any], title: str) -> list[str]:
-    return [
+    shape = ["heads"] if "heads" in doc["rows"][0] else []
+    parts = [
         f"### {title}", "", machine_line(doc), "",
-        table(doc["rows"], ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
+        table(doc["rows"], [*shape, "slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
               {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}),
     ]  # fmt: skip
+    if doc.get("overhead"):
+        parts += ["", "Host time per call, decode-sized stores:", "",
+                  table(doc["overhead"], ["tokens", "variant", "us_per_call", "us_per_call_min", "vs_bare", "vs_bare_min"],
+                        {"us_per_call": ".1f", "us_per_call_min": ".1f", "vs_bare": ".2f", "vs_bare_min": ".2f"})]  # fmt: skip
+    return parts
 
 
 def main() -> None:

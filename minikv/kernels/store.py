@@ -299,12 +299,14 @@ def check_store_arguments(
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.is_neg():
             raise ArgumentError(f"{name} is a negated view (such as x.conj().imag): writes through it change sign")
-        _check_no_self_overlap(cache, name)
-    if _overlap(k_cache, v_cache):
+    _check_no_self_overlap(k_cache, "k_cache")  # v_cache has the same shape and strides
+    k_range, v_range = _memory_range(k_cache), _memory_range(v_cache)
+    if _overlap(k_range, v_range):
         raise ArgumentError("k_cache and v_cache must not share memory: each needs a memory range of its own")
     for src_name, src in (("k", k), ("v", v)):
-        for cache_name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if _overlap(src, cache):
+        src_range = _memory_range(src)
+        for cache_name, cache_range in (("k_cache", k_range), ("v_cache", v_range)):
+            if _overlap(src_range, cache_range):
                 raise ArgumentError(
                     f"{src_name} shares memory with {cache_name}: copy it first (a store would overwrite its source)"
                 )
@@ -375,18 +377,15 @@ def _memory_range(tensor: torch.Tensor) -> tuple[int, int]:
     """The bytes ``[first, end)`` that ``tensor``'s elements occupy (an empty range when it has none)."""
     if tensor.numel() == 0:
         return 0, 0
+    last = 0
+    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+        last += (size - 1) * stride
     first = tensor.data_ptr()
-    last = (
-        first
-        + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-        * tensor.element_size()
-    )
-    return first, last + tensor.element_size()
+    return first, first + (last + 1) * tensor.element_size()
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    (a_first, a_end), (b_first, b_end) = _memory_range(a), _memory_range(b)
-    return a_first < b_end and b_first < a_end
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _check_no_self_overlap(cache: torch.Tensor, name: str) -> None:
