@@ -59,17 +59,17 @@ def evict_section(doc: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+STORE_COLUMNS = ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"]
+OVERHEAD_COLUMNS = ["tokens", "variant", "us_per_call", "us_per_call_min", "vs_bare", "vs_bare_min"]
+
+
 def store_section(doc: dict[str, Any], title: str) -> list[str]:
     shape = ["heads"] if "heads" in doc["rows"][0] else []
-    parts = [
-        f"### {title}", "", machine_line(doc), "",
-        table(doc["rows"], [*shape, "slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
-              {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}),
-    ]  # fmt: skip
+    formats = {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}
+    parts = [f"### {title}", "", machine_line(doc), "", table(doc["rows"], [*shape, *STORE_COLUMNS], formats)]
     if doc.get("overhead"):
-        parts += ["", "Host time per call, decode-sized stores:", "",
-                  table(doc["overhead"], ["tokens", "variant", "us_per_call", "us_per_call_min", "vs_bare", "vs_bare_min"],
-                        {"us_per_call": ".1f", "us_per_call_min": ".1f", "vs_bare": ".2f", "vs_bare_min": ".2f"})]  # fmt: skip
+        formats = {"us_per_call": ".1f", "us_per_call_min": ".1f", "vs_bare": ".2f", "vs_bare_min": ".2f"}
+        parts += ["", "Host time per call, decode-sized stores:", "", table(doc["overhead"], OVERHEAD_COLUMNS, formats)]
     return parts
 
 
