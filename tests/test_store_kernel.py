@@ -416,7 +416,7 @@ def test_the_host_check_of_device_slots_makes_one_transfer() -> None:
         assert got == verdict
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
 def test_store_kv_on_cuda_never_synchronises() -> None:
     cache = MHAKVCache(8, 2, 128, 4096, torch.bfloat16, KVCacheLayout.PageFirst, "cuda", page_size=16)
     k = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
@@ -433,7 +433,7 @@ def test_store_kv_on_cuda_never_synchronises() -> None:
     assert torch.equal(cache.k_cache(1).reshape(-1, 8, 128)[out_loc.long()], k)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
 def test_store_kv_can_be_captured_in_a_cuda_graph() -> None:
     cache = MHAKVCache(8, 1, 128, 1024, torch.bfloat16, KVCacheLayout.LayerFirst, "cuda")
     k = torch.randn(64, 8, 128, device="cuda", dtype=torch.bfloat16)
