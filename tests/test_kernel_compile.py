@@ -36,8 +36,7 @@ try:  # Triton's own compile-time pieces (3.9's layout): without them this test 
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
     from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction, create_function_from_signature
 except ImportError as error:  # pragma: no cover - another Triton layout
     pytest.skip(f"this Triton has another internal layout ({error})", allow_module_level=True)
 if not hasattr(JITFunction, "_pack_args"):  # pragma: no cover - checked with Triton 3.9
