@@ -143,7 +143,7 @@ def test_store_kv_errors_name_its_own_arguments() -> None:
     ("device", "message"),
     [
         ("bogus", "device: 'bogus' is not a device torch knows"),
-        ("meta", "device is the meta device"),
+        ("mps", "minikv stores its caches on 'cpu' or 'cuda'"),
         (3, "device must be a torch.device or a string"),
         *([("cuda", "CUDA is not available")] if not torch.cuda.is_available() else []),
         ("cuda:99", "CUDA"),
@@ -178,3 +178,11 @@ def test_store_kv_on_cpu_checks_every_slot_before_writing() -> None:
         cache.store_kv(torch.ones(2, H, D), torch.ones(2, H, D), torch.tensor([4, 4]), 0)
     assert cache.kv_buffer.abs().sum() == 0
     cache.check_stores()
+
+
+def test_a_meta_cache_has_a_size_but_takes_no_stores() -> None:
+    cache = MHAKVCache(32, 32, 128, 1000, torch.float16, KVCacheLayout.LayerFirst, "meta")
+    assert cache.nbytes == 2 * 32 * 1000 * 32 * 128 * 2  # sized without allocating
+    k = torch.ones(1, 32, 128, dtype=torch.float16, device="meta")
+    with pytest.raises(ArgumentError, match="k_cache is on meta"):
+        cache.store_kv(k, k, torch.tensor([0], device="meta"), 0)

@@ -67,7 +67,8 @@ def as_device(device: torch.device | str, name: str = "device") -> torch.device:
 
     ``"cuda"`` on a machine without CUDA, ``"cuda:3"`` on a machine with two GPUs and
     names torch does not know (``"gpu"``, ``"bogus"``) are refused here, before any
-    memory is allocated. ``"cuda"`` stays ``"cuda"`` (the current GPU at allocation).
+    memory is allocated. ``"meta"`` is accepted: a cache there has shapes and sizes but no
+    data (``store_cache`` refuses it). ``"cuda"`` stays ``"cuda"`` (the current GPU at allocation).
     """
     if not isinstance(device, (str, torch.device)):
         raise ArgumentTypeError(f"{name} must be a torch.device or a string such as 'cpu', got {type(device).__name__}")
@@ -82,10 +83,10 @@ def as_device(device: torch.device | str, name: str = "device") -> torch.device:
             raise ArgumentError(
                 f"{name} is {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
-    elif parsed.type == "meta":
-        raise ArgumentError(f"{name} is the meta device, which holds no data: use 'cpu' or 'cuda'")
-    elif parsed.type != "cpu":
-        raise ArgumentError(f"{name} is {device!r}: minikv stores its caches on 'cpu' or 'cuda' only")
+    elif parsed.type not in ("cpu", "meta"):
+        raise ArgumentError(
+            f"{name} is {device!r}: minikv stores its caches on 'cpu' or 'cuda' (or 'meta', to size them)"
+        )
     return parsed
 
 
