@@ -73,6 +73,8 @@ class MHAKVCache(BaseKVCache):
             self._kv_buffer = torch.zeros((2, P, L, S, H, D), dtype=dtype, device=device).permute(0, 2, 1, 3, 4, 5)
         self._k_buffer = self._kv_buffer[0]
         self._v_buffer = self._kv_buffer[1]
+        # One (K, V) view per layer, made once: store_kv runs once per layer per step.
+        self._layer_views = [(self._k_buffer[i], self._v_buffer[i]) for i in range(L)]
         # On CUDA the kernel counts the out_loc slots outside the cache here (see check_stores).
         self._bad_slots = torch.zeros(1, dtype=torch.int32, device=self._kv_buffer.device)
 
@@ -107,10 +109,10 @@ class MHAKVCache(BaseKVCache):
         On CPU every slot is checked first (a bad call raises and writes nothing); on CUDA
         the kernel checks the range and :meth:`check_stores` reports what it refused.
         """
-        layer = self._layer(layer_id, "layer_id")
+        k_cache, v_cache = self._layer_views[self._layer(layer_id, "layer_id")]
         on_gpu = self._bad_slots.is_cuda
         store_cache(
-            self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v,
+            k_cache, v_cache, out_loc, k, v,
             slot_check="kernel" if on_gpu else "host", error_flag=self._bad_slots if on_gpu else None,
             index_name="out_loc",
         )  # fmt: skip

@@ -311,7 +311,8 @@ def check_store_arguments(
                 raise ArgumentError(
                     f"{src_name} shares memory with {cache_name}: copy it first (a store would overwrite its source)"
                 )
-    k, v = k.resolve_neg(), v.resolve_neg()  # a negated view's memory holds -value; the kernel reads memory
+    if k.is_neg() or v.is_neg():  # a negated view's memory holds -value, and the kernel reads memory
+        k, v = k.resolve_neg(), v.resolve_neg()
     return _as_paged(k_cache), _as_paged(v_cache), k, v
 
 
@@ -378,6 +379,8 @@ def _memory_range(tensor: torch.Tensor) -> tuple[int, int]:
     """The bytes ``[first, end)`` that ``tensor``'s elements occupy (an empty range when it has none)."""
     if tensor.numel() == 0:
         return 0, 0
+    if tensor.is_contiguous():
+        return tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
     last = 0
     for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
         last += (size - 1) * stride
