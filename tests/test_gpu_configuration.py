@@ -38,3 +38,36 @@ def test_the_store_tests_pass_in_this_configuration(interpret: str) -> None:
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"TRITON_INTERPRET={interpret}:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+LEARNER_KERNEL_WITHOUT_INTERPRETER = """
+import triton, triton.language as tl
+from minikv.exercises import check
+
+@triton.jit  # decorated without use_interpreter_without_cuda(): a kernel for a GPU
+def store_kernel(k_ptr, kc_ptr, n, B: tl.constexpr):
+    t = tl.arange(0, B)
+    tl.store(kc_ptr + t, tl.load(k_ptr + t, mask=t < n), mask=t < n)
+
+def store(k_cache, v_cache, indices, k, v):
+    store_kernel[(1,)](k, k_cache, 1, B=16)
+
+report = check("storage.store", store)
+assert not report.passed
+print(report)
+"""
+
+
+@pytest.mark.skipif("MINIKV_CONFIGURATION" in os.environ, reason="this is already the simulated run")
+def test_a_learner_kernel_compiled_for_no_gpu_is_explained(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the kernel compiles")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    script = tmp_path / "learner.py"  # Triton reads a kernel's source from its file
+    script.write_text(LEARNER_KERNEL_WITHOUT_INTERPRETER)
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "call minikv.kernels.use_interpreter_without_cuda() before defining" in done.stdout
