@@ -291,7 +291,7 @@ def check_store_arguments(
     for name, tensor in named[1:]:
         if tensor.device != device:
             raise DeviceMismatchError(f"{name} is on {tensor.device}, but k_cache is on {device}")
-    if device.type not in ("cpu", "cuda"):
+    if not (k_cache.is_cpu or k_cache.is_cuda):
         raise ArgumentError(f"k_cache is on {device}: store_cache writes to 'cpu' or 'cuda' tensors only")
     if slot_check == "kernel":
         if backend == "torch":
@@ -395,8 +395,11 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 def _check_no_self_overlap(cache: torch.Tensor, name: str) -> None:
     """Refuse caches where two slots share memory (a stride of 0, as ``expand`` makes, or strides that interleave).
 
-    Sorted by stride, each dimension must step past everything the smaller ones span.
+    Sorted by stride, each dimension must step past everything the smaller ones span
+    (a contiguous tensor does, by definition).
     """
+    if cache.is_contiguous():
+        return
     dims = sorted((stride, size) for size, stride in zip(cache.shape, cache.stride(), strict=True) if size > 1)
     span = 1
     for stride, size in dims:
