@@ -106,12 +106,13 @@ def plan_store_launch(num_tokens: int, num_heads: int, head_dim: int, device: to
     """
     block_h = _next_power_of_2(num_heads)
     block_d = _next_power_of_2(head_dim)
-    if interpreted(device):
+    in_interpreter = interpreted(device)
+    if in_interpreter:
         block_t, num_warps = 64, 4
     else:
         block_t = max(1, min(16, 4096 // (block_h * block_d)))
         num_warps = 4 if block_t * block_h * block_d <= 4096 else 8
-    return StoreLaunch(block_t, block_h, block_d, -(-num_tokens // block_t), num_warps, interpreted(device))
+    return StoreLaunch(block_t, block_h, block_d, -(-num_tokens // block_t), num_warps, in_interpreter)
 
 
 def store_kernel_arguments(
