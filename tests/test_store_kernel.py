@@ -434,6 +434,28 @@ def test_store_kv_on_cuda_never_synchronises() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
+def test_store_cache_by_hand_on_cuda_synchronises_once() -> None:
+    k_cache = torch.zeros(4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(4096, device="cuda")[:300]
+    store_cache(k_cache, v_cache, slots, k, k)  # compile outside the count
+    torch.cuda.synchronize()
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store_cache(k_cache, v_cache, slots, k, k)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert torch.equal(k_cache[slots], k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
 def test_store_kv_can_be_captured_in_a_cuda_graph() -> None:
     cache = MHAKVCache(8, 1, 128, 1024, torch.bfloat16, KVCacheLayout.LayerFirst, "cuda")
     k = torch.randn(64, 8, 128, device="cuda", dtype=torch.bfloat16)
