@@ -102,18 +102,18 @@ def evict_section(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+STORE_COLUMNS = ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"]
+OVERHEAD_COLUMNS = ["tokens", "variant", "us_per_call", "us_per_call_min", "vs_bare", "vs_bare_min"]
+
+
 def store_section(doc: dict[str, Any], title: str) -> list[str]:
-    return [
-        f"### {title}",
-        "",
-        machine_line(doc),
-        "",
-        table(
-            doc["rows"],
-            ["slots", "tokens", "variant", "us", "us_min", "gb_per_s", "vs_memcpy", "vs_memcpy_min"],
-            {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"},
-        ),
-    ]
+    shape = ["heads"] if "heads" in doc["rows"][0] else []
+    formats = {"us": ".1f", "us_min": ".1f", "gb_per_s": ".2f", "vs_memcpy": ".2f", "vs_memcpy_min": ".2f"}
+    parts = [f"### {title}", "", machine_line(doc), "", table(doc["rows"], [*shape, *STORE_COLUMNS], formats)]
+    if doc.get("overhead"):
+        formats = {"us_per_call": ".1f", "us_per_call_min": ".1f", "vs_bare": ".2f", "vs_bare_min": ".2f"}
+        parts += ["", "Host time per call, decode-sized stores:", "", table(doc["overhead"], OVERHEAD_COLUMNS, formats)]
+    return parts
 
 
 def main() -> None:

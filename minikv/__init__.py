@@ -17,7 +17,7 @@ from .capacity import (
     tokens_that_fit_beside_weights,
 )
 from .engine import Engine, EngineRequest
-from .kernels import INTERPRETED, store_cache, store_cache_reference
+from .kernels import store_cache, store_cache_reference
 from .lifecycle import Request, admit, finish, serve
 from .mha_pool import MHAKVCache
 from .naive_manager import NaiveCacheHandle, NaiveCacheManager
@@ -27,7 +27,6 @@ from .radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode
 __version__ = "0.1.0"
 
 __all__ = [
-    "INTERPRETED",
     "MODELS",
     "BaseCacheHandle",
     "BaseCacheManager",

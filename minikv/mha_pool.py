@@ -3,6 +3,13 @@
 One allocation holds K and V of every layer. The buffer's first dimension is 2
 (``[0]`` is K, ``[1]`` is V), so both share one layout and one free list.
 Each tensor-parallel rank stores only its own slice of the KV heads.
+
+``store_kv`` is the engine's path, called once per layer per step. On CPU it checks
+every slot before writing, as :func:`~minikv.kernels.store_cache` does. On CUDA it makes
+no host-device transfer: the kernel checks each slot's range itself, writes nothing for
+a slot outside the cache and counts it; :meth:`MHAKVCache.check_stores` reads that count
+(one transfer) when the caller chooses, say once per step. The slots come from the page
+pool, which never hands out a slot twice, so on CUDA they are trusted to be distinct.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import torch
 from ._validate import as_count, as_positive
 from .base import BaseKVCache, KVCacheLayout
 from .errors import ArgumentError, ArgumentTypeError, SlotIndexError
-from .kernels.store import SUPPORTED_DTYPES, _store
+from .kernels import SUPPORTED_DTYPES, as_device, store_cache
 
 
 class MHAKVCache(BaseKVCache):
@@ -54,6 +61,7 @@ class MHAKVCache(BaseKVCache):
             raise ArgumentTypeError(f"dtype must be one of float32/float16/bfloat16, got {dtype}")
         if not isinstance(kv_layout, KVCacheLayout):
             raise ArgumentTypeError(f"kv_layout must be a KVCacheLayout, got {type(kv_layout).__name__}")
+        device = as_device(device, "device")
         self.num_kv_heads = num_kv_heads
         self.local_kv_heads = num_kv_heads // self.tp_size
         self.kv_layout = kv_layout
@@ -65,6 +73,10 @@ class MHAKVCache(BaseKVCache):
             self._kv_buffer = torch.zeros((2, P, L, S, H, D), dtype=dtype, device=device).permute(0, 2, 1, 3, 4, 5)
         self._k_buffer = self._kv_buffer[0]
         self._v_buffer = self._kv_buffer[1]
+        # One (K, V) view per layer, made once: store_kv runs once per layer per step.
+        self._layer_views = [(self._k_buffer[i], self._v_buffer[i]) for i in range(L)]
+        # On CUDA the kernel counts the out_loc slots outside the cache here (see check_stores).
+        self._bad_slots = torch.zeros(1, dtype=torch.int32, device=self._kv_buffer.device)
 
     @property
     def kv_buffer(self) -> torch.Tensor:
@@ -82,7 +94,7 @@ class MHAKVCache(BaseKVCache):
 
     @property
     def nbytes(self) -> int:
-        """Size of the one allocation in bytes, which is 2 * layers * pages * page_size * local heads * head_dim * itemsize."""
+        """Size of the one allocation in bytes: 2 * layers * pages * page_size * local heads * head_dim * itemsize."""
         return self._kv_buffer.numel() * self._kv_buffer.element_size()
 
     def k_cache(self, index: int) -> torch.Tensor:
@@ -92,8 +104,32 @@ class MHAKVCache(BaseKVCache):
         return self._v_buffer[self._layer(index, "index")]
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
-        layer = self._layer(layer_id, "layer_id")
-        _store(self._k_buffer[layer], self._v_buffer[layer], out_loc, k, v, "auto", "out_loc")
+        """Write ``k[i]``, ``v[i]`` to slot ``out_loc[i]`` of layer ``layer_id``.
+
+        On CPU every slot is checked first (a bad call raises and writes nothing); on CUDA
+        the kernel checks the range and :meth:`check_stores` reports what it refused.
+        """
+        k_cache, v_cache = self._layer_views[self._layer(layer_id, "layer_id")]
+        on_gpu = self._bad_slots.is_cuda
+        store_cache(
+            k_cache, v_cache, out_loc, k, v,
+            slot_check="kernel" if on_gpu else "host", error_flag=self._bad_slots if on_gpu else None,
+            index_name="out_loc",
+        )  # fmt: skip
+
+    def check_stores(self) -> None:
+        """Raise :class:`~minikv.errors.SlotIndexError` if a ``store_kv`` since the last check was given
+        an ``out_loc`` slot outside the cache (its row was not written); then start counting again.
+
+        One host-device transfer on CUDA; on CPU such a call has already raised, so this finds nothing.
+        """
+        bad = int(self._bad_slots.item())
+        if bad:
+            self._bad_slots.zero_()
+            raise SlotIndexError(
+                f"out_loc: {bad} slot(s) given to store_kv were outside [0, {self.num_slots}); "
+                "their rows were not written"
+            )
 
     @property
     def device(self) -> torch.device:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minikv import BaseKVCache, KVCacheLayout, MHAKVCache
+from minikv import BaseKVCache, KVCacheLayout, MHAKVCache, store_cache
+from minikv.errors import ArgumentError, ArgumentTypeError, SlotIndexError
 
 L, P, S, H, D = 3, 5, 4, 2, 6  # layers, pages, page_size, kv heads, head_dim
 
@@ -136,3 +137,52 @@ def test_store_kv_errors_name_its_own_arguments() -> None:
     cache = make(KVCacheLayout.LayerFirst)
     with pytest.raises(IndexError, match="out_loc"):
         cache.store_kv(torch.ones(1, H, D), torch.ones(1, H, D), torch.tensor([P * S]), 0)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("bogus", "device: 'bogus' is not a device torch knows"),
+        ("mps", "minikv stores its caches on 'cpu' or 'cuda'"),
+        (3, "device must be a torch.device or a string"),
+        *([("cuda", "CUDA is not available")] if not torch.cuda.is_available() else []),
+        ("cuda:99", "CUDA"),
+    ],
+)
+def test_a_device_that_cannot_hold_the_cache_is_refused_by_name(device: object, message: str) -> None:
+    with pytest.raises((ArgumentError, ArgumentTypeError), match=message):
+        MHAKVCache(2, 1, 4, 4, torch.float32, KVCacheLayout.LayerFirst, device)  # type: ignore[arg-type]
+
+
+def test_check_stores_reports_what_the_kernel_refused_and_starts_again() -> None:
+    # On CUDA, store_kv lets the kernel check out_loc and count the slots it refused; run that path on CPU.
+    cache = make(KVCacheLayout.PageFirst)
+    k, v = torch.ones(3, H, D), torch.ones(3, H, D)
+    cache.check_stores()  # nothing to report
+    store_cache(
+        cache.k_cache(0), cache.v_cache(0), torch.tensor([1, P * S, -5]), k, v,
+        slot_check="kernel", error_flag=cache._bad_slots,
+    )  # fmt: skip
+    assert cache.k_cache(0)[0, 1].sum() == H * D  # the good slot was written
+    assert cache.kv_buffer.sum() == 2 * H * D  # and nothing else
+    with pytest.raises(SlotIndexError, match=r"out_loc: 2 slot\(s\)"):
+        cache.check_stores()
+    cache.check_stores()  # counted once, then reset
+
+
+def test_store_kv_on_cpu_checks_every_slot_before_writing() -> None:
+    cache = make(KVCacheLayout.LayerFirst)
+    with pytest.raises(SlotIndexError, match="out_loc"):
+        cache.store_kv(torch.ones(2, H, D), torch.ones(2, H, D), torch.tensor([0, -1]), 0)
+    with pytest.raises(ArgumentError, match="out_loc must be unique"):
+        cache.store_kv(torch.ones(2, H, D), torch.ones(2, H, D), torch.tensor([4, 4]), 0)
+    assert cache.kv_buffer.abs().sum() == 0
+    cache.check_stores()
+
+
+def test_a_meta_cache_has_a_size_but_takes_no_stores() -> None:
+    cache = MHAKVCache(32, 32, 128, 1000, torch.float16, KVCacheLayout.LayerFirst, "meta")
+    assert cache.nbytes == 2 * 32 * 1000 * 32 * 128 * 2  # sized without allocating
+    k = torch.ones(1, 32, 128, dtype=torch.float16, device="meta")
+    with pytest.raises(ArgumentError, match="k_cache is on meta"):
+        cache.store_kv(k, k, torch.tensor([0], device="meta"), 0)

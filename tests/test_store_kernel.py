@@ -8,7 +8,11 @@ or a write to a slot that should be left alone, shows up as a difference.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +20,15 @@ import torch
 from helpers import REPRODUCIBLE, assert_bitwise_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
-from minikv.errors import ArgumentError, SlotIndexError
+from minikv.errors import ArgumentError, ArgumentTypeError, SlotIndexError
+from minikv.kernels import interpreted, plan_store_launch, triton_interpreter_requested, use_interpreter_without_cuda
 from minikv.kernels import store as store_module
+from minikv.kernels.cpu_copy import slot_runs
 
+REPO = Path(__file__).resolve().parent.parent
 BACKENDS = ["torch", "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -248,13 +256,13 @@ def test_the_compiled_kernel_on_cuda_matches_the_reference(dtype: torch.dtype) -
 )
 def test_all_distinct_sees_overlapping_runs(slots: list[int], distinct: bool) -> None:
     for dtype in (torch.int32, torch.int64):
-        assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) is distinct
+        assert store_module.all_distinct(torch.tensor(slots, dtype=dtype)) is distinct
 
 
 def test_runs_split_at_every_break() -> None:
-    starts, lengths = store_module._runs(np.array([7, 8, 9, 2, 3, 11], dtype=np.int32))
+    starts, lengths = slot_runs(np.array([7, 8, 9, 2, 3, 11], dtype=np.int32))
     assert starts.tolist() == [0, 3, 5] and lengths.tolist() == [3, 2, 1]
-    starts, lengths = store_module._runs(np.array([], dtype=np.int32))
+    starts, lengths = slot_runs(np.array([], dtype=np.int32))
     assert starts.tolist() == [] and lengths.tolist() == []
 
 
@@ -267,4 +275,280 @@ runs_of_slots = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 6)), max_s
 @settings(REPRODUCIBLE, max_examples=300)
 def test_all_distinct_agrees_with_a_set(slots: list[int], dtype: torch.dtype) -> None:
     # Slots made of short ascending runs, overlapping or not, in any order: the shapes the run check reasons about.
-    assert store_module._all_distinct(torch.tensor(slots, dtype=dtype)) == (len(set(slots)) == len(slots))
+    assert store_module.all_distinct(torch.tensor(slots, dtype=dtype)) == (len(set(slots)) == len(slots))
+
+
+# -- where the kernel runs ------------------------------------------------------------
+
+
+def test_import_minikv_sets_no_environment_variable_and_imports_no_triton() -> None:
+    code = (
+        "import os, sys; before = dict(os.environ); import minikv; "
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items()); "
+        "assert 'triton' not in sys.modules, 'import minikv imported triton'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
+
+
+@pytest.mark.parametrize(
+    ("value", "requested"),
+    [(None, False), ("0", False), ("1", True), ("true", True), ("ON", True), (" yes ", True), ("no", False)],
+)
+def test_the_interpreter_rule_reads_the_variable_at_each_call(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, requested: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert triton_interpreter_requested() is requested
+    assert interpreted("cpu") is True  # CPU tensors: always the interpreter
+    assert interpreted(torch.device("cuda", 1)) is requested  # CUDA tensors: compiled unless asked otherwise
+    assert plan_store_launch(100, 8, 128, "cuda").interpreted is requested
+
+
+def test_use_interpreter_without_cuda_respects_an_explicit_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert use_interpreter_without_cuda() is False and os.environ["TRITON_INTERPRET"] == "0"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert use_interpreter_without_cuda() is True and os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert use_interpreter_without_cuda() is False and "TRITON_INTERPRET" not in os.environ
+
+
+def test_the_launch_plan_follows_the_device() -> None:
+    on_cpu = plan_store_launch(130, 3, 24, "cpu")
+    assert (on_cpu.block_t, on_cpu.block_h, on_cpu.block_d, on_cpu.num_programs) == (64, 4, 32, 3)
+    on_gpu = plan_store_launch(130, 8, 128, "cuda") if not triton_interpreter_requested() else None
+    if on_gpu is not None:
+        assert (on_gpu.block_t, on_gpu.block_h, on_gpu.block_d, on_gpu.num_warps) == (4, 8, 128, 4)
+        assert plan_store_launch(1, 40, 128, "cuda").num_warps == 8
+
+
+# -- the slot check inside the kernel (the engine's path on CUDA) -------------------------
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_kernel_slot_check_skips_out_of_range_slots_and_counts_them(index_dtype: torch.dtype) -> None:
+    gen = generator_for("kernel-check", index_dtype)
+    k_cache, v_cache = torch.randn(4, 4, 2, 3, generator=gen), torch.randn(4, 4, 2, 3, generator=gen)
+    slots = [3, 16, 7, -1, 2**31 - 1, 0]
+    k, v = torch.randn(len(slots), 2, 3, generator=gen), torch.randn(len(slots), 2, 3, generator=gen)
+    good = [i for i, s in enumerate(slots) if 0 <= s < 16]
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    store_cache_reference(expected_k, expected_v, torch.tensor([slots[i] for i in good]), k[good], v[good])
+    flag = torch.zeros(1, dtype=torch.int32)
+    store_cache(k_cache, v_cache, torch.tensor(slots, dtype=index_dtype), k, v, slot_check="kernel", error_flag=flag)
+    assert flag.item() == 3  # counted, not raised: reading it is the caller's choice
+    assert_bitwise_equal(k_cache, expected_k)  # the good rows landed, nothing else changed
+    assert_bitwise_equal(v_cache, expected_v)
+    store_cache(
+        k_cache, v_cache, torch.tensor([1], dtype=index_dtype), k[:1], v[:1], slot_check="kernel", error_flag=flag
+    )
+    assert flag.item() == 3  # a clean call adds nothing
+
+
+FLAG = torch.zeros(1, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        ({"slot_check": "gpu"}, ArgumentError, "slot_check"),
+        ({"slot_check": "kernel"}, ArgumentTypeError, "error_flag"),
+        ({"slot_check": "kernel", "error_flag": torch.zeros(1)}, ArgumentTypeError, "error_flag"),
+        ({"slot_check": "kernel", "error_flag": FLAG.to("meta")}, ArgumentError, "error_flag"),
+        ({"slot_check": "kernel", "error_flag": FLAG, "backend": "torch"}, ArgumentError, "kernel"),
+    ],
+    ids=["unknown", "no-flag", "float-flag", "flag-elsewhere", "torch-backend"],
+)  # fmt: skip
+def test_bad_slot_check_arguments_are_refused(kwargs: dict, error: type[Exception], name: str) -> None:
+    k_cache, v_cache = torch.zeros(8, 2, 4), torch.zeros(8, 2, 4)
+    with pytest.raises(error, match=name):
+        store_cache(k_cache, v_cache, torch.tensor([0]), torch.ones(1, 2, 4), torch.ones(1, 2, 4), **kwargs)
+    assert k_cache.sum() == 0 and v_cache.sum() == 0
+
+
+# -- host-device transfers, counted where they would happen ------------------------------
+
+# Tensor methods that bring a value to the host: on CUDA each one waits for the GPU.
+TRANSFERS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu", "nonzero", "unique"}
+
+
+class CountTransfers(TorchFunctionMode):
+    """Every call that would copy a tensor's values to the host (and so synchronise, on CUDA)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", "")
+        if name in TRANSFERS or (
+            name == "to" and any(str(a).startswith("cpu") for a in (*args[1:], *(kwargs or {}).values()))
+        ):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_engine_path_makes_no_transfer() -> None:
+    # What MHAKVCache.store_kv runs on CUDA, on CPU tensors: the conversions it makes would be syncs there.
+    gen = generator_for("transfers")
+    k_cache, v_cache = torch.randn(64, 4, 2, 8, generator=gen), torch.randn(64, 4, 2, 8, generator=gen)
+    indices = torch.randperm(256, generator=gen)[:70].int()
+    k, v = torch.randn(70, 2, 8, generator=gen), torch.randn(70, 2, 8, generator=gen)
+    flag = torch.zeros(1, dtype=torch.int32)
+    with CountTransfers() as counted:
+        store_cache(k_cache, v_cache, indices, k, v, slot_check="kernel", error_flag=flag)
+    assert counted.calls == []
+    assert flag.item() == 0
+
+
+def test_the_host_check_of_device_slots_makes_one_transfer() -> None:
+    # check_slots' path for CUDA slots, run on CPU slots: one transfer of three numbers, whatever the verdict.
+    for slots, verdict in (([5, 1, 9, 2], (1, 9, False)), ([4, 4], (4, 4, True)), ([-3, 7], (-3, 7, False))):
+        with CountTransfers() as counted:
+            got = store_module._slot_verdict_on_device(torch.tensor(slots))
+        assert counted.calls == ["tolist"]
+        assert got == verdict
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
+def test_store_kv_on_cuda_never_synchronises() -> None:
+    cache = MHAKVCache(8, 2, 128, 4096, torch.bfloat16, KVCacheLayout.PageFirst, "cuda", page_size=16)
+    k = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    out_loc = torch.randperm(cache.num_slots, device="cuda")[:300].int()
+    cache.store_kv(k, k, out_loc, 1)  # compile outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for layer in range(2):
+            cache.store_kv(k, k, out_loc, layer)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    cache.check_stores()
+    assert torch.equal(cache.k_cache(1).reshape(-1, 8, 128)[out_loc.long()], k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
+def test_store_cache_by_hand_on_cuda_synchronises_once() -> None:
+    k_cache = torch.zeros(4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(4096, device="cuda")[:300]
+    store_cache(k_cache, v_cache, slots, k, k)  # compile outside the count
+    torch.cuda.synchronize()
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store_cache(k_cache, v_cache, slots, k, k)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert torch.equal(k_cache[slots], k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or triton_interpreter_requested(), reason="needs compiled CUDA")
+def test_store_kv_can_be_captured_in_a_cuda_graph() -> None:
+    cache = MHAKVCache(8, 1, 128, 1024, torch.bfloat16, KVCacheLayout.LayerFirst, "cuda")
+    k = torch.randn(64, 8, 128, device="cuda", dtype=torch.bfloat16)
+    out_loc = torch.arange(64, device="cuda", dtype=torch.int32)
+    cache.store_kv(k, k, out_loc, 0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cache.store_kv(k, k, out_loc, 0)
+    k.add_(1)
+    out_loc.add_(100)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(cache.k_cache(0)[100:164, 0], k)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_the_kernel_runs_on_the_tensors_gpu_not_the_current_one() -> None:
+    k_cache = torch.zeros(64, 2, 8, device="cuda:1")
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.randn(10, 2, 8, device="cuda:1")
+    with torch.cuda.device(0):
+        store_cache(k_cache, v_cache, torch.arange(10, device="cuda:1"), k, k, backend="triton")
+    assert torch.equal(k_cache[:10], k) and torch.equal(v_cache[:10], k)
+
+
+# -- refused memory layouts and tensor kinds (each writes nothing) ------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_source_that_is_part_of_the_cache_is_refused(backend: str) -> None:
+    k_cache, v_cache = torch.randn(16, 2, 4), torch.randn(16, 2, 4)
+    before = (k_cache.clone(), v_cache.clone())
+    with pytest.raises(ArgumentError, match="v shares memory with v_cache"):
+        store_cache(k_cache, v_cache, torch.tensor([0, 1]), torch.randn(2, 2, 4), v_cache[4:6], backend=backend)
+    with pytest.raises(ArgumentError, match="k shares memory with v_cache"):
+        store_cache(k_cache, v_cache, torch.tensor([0, 1]), v_cache[8:10], torch.randn(2, 2, 4), backend=backend)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negated_views_are_stored_by_value(backend: str) -> None:
+    z = torch.complex(torch.randn(5, 2, 4), torch.randn(5, 2, 4))
+    k = z.conj().imag  # a view whose memory holds -value
+    assert k.is_neg()
+    v = torch.randn(5, 2, 4)
+    store_both_ways(torch.zeros(8, 2, 4), torch.zeros(8, 2, 4), torch.tensor([0, 2, 4, 6, 7]), k, v, backend)
+    k_cache = torch.zeros(8, 2, 4)
+    store_cache(k_cache, torch.zeros(8, 2, 4), torch.tensor([0, 2, 4, 6, 7]), k, v, backend=backend)
+    assert torch.equal(k_cache[[0, 2, 4, 6, 7]], -z.imag)
+
+
+def test_a_negated_cache_is_refused() -> None:
+    z = torch.zeros(8, 2, 4, dtype=torch.complex64)
+    v_cache = torch.zeros(8, 2, 4, dtype=torch.complex64).real  # the same strides, not negated
+    with pytest.raises(ArgumentError, match="k_cache is a negated view"):
+        store_cache(z.conj().imag, v_cache, torch.tensor([0]), torch.ones(1, 2, 4), torch.ones(1, 2, 4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_caches_one_row_apart_in_one_buffer_are_refused(backend: str) -> None:
+    buffer = torch.zeros(17, 2, 4)
+    with pytest.raises(ArgumentError, match="must not share memory"):
+        store_cache(
+            buffer[:16], buffer[1:], torch.tensor([0]), torch.ones(1, 2, 4), torch.ones(1, 2, 4), backend=backend
+        )
+    assert buffer.sum() == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["slots", "heads"])
+def test_caches_whose_slots_share_memory_are_refused(backend: str, which: str) -> None:
+    row = torch.zeros(1, 2, 4)
+    k_cache = row.expand(16, 2, 4) if which == "slots" else torch.zeros(16, 1, 4).expand(16, 2, 4)
+    v_cache = torch.zeros(1, 2, 4).expand(16, 2, 4) if which == "slots" else torch.zeros(16, 1, 4).expand(16, 2, 4)
+    with pytest.raises(ArgumentError, match="share memory"):
+        store_cache(k_cache, v_cache, torch.tensor([3]), torch.ones(1, 2, 4), torch.ones(1, 2, 4), backend=backend)
+    assert k_cache.sum() == 0
+
+
+def test_meta_and_sparse_tensors_are_refused_by_name() -> None:
+    meta = torch.zeros(8, 2, 4, device="meta")
+    one = torch.ones(1, 2, 4, device="meta")
+    with pytest.raises(ArgumentError, match="k_cache is on meta"):
+        store_cache(meta, torch.zeros(8, 2, 4, device="meta"), torch.tensor([0], device="meta"), one, one)
+    sparse = torch.ones(1, 2, 4).to_sparse()
+    with pytest.raises(ArgumentTypeError, match="k must be a dense tensor"):
+        store_cache(torch.zeros(8, 2, 4), torch.zeros(8, 2, 4), torch.tensor([0]), sparse, torch.ones(1, 2, 4))
+    with pytest.raises(ArgumentTypeError, match="indices must be a dense tensor"):
+        store_cache(
+            torch.zeros(8, 2, 4),
+            torch.zeros(8, 2, 4),
+            torch.tensor([0]).to_sparse(),
+            torch.ones(1, 2, 4),
+            torch.ones(1, 2, 4),
+        )

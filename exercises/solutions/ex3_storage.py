@@ -11,8 +11,9 @@
 #
 # **GPU or not.** On a Colab GPU runtime your Triton kernel compiles for the GPU and the
 # checker hands it CUDA tensors. Without a GPU the same kernel runs in Triton's
-# interpreter on CPU tensors. That works because `import minikv` sets `TRITON_INTERPRET=1`
-# before any kernel is defined, which is why the next cell imports minikv first.
+# interpreter on CPU tensors. Triton decides which when `@triton.jit` runs, by reading
+# `TRITON_INTERPRET`, so the next cell switches the interpreter on, on a machine without
+# CUDA, before any kernel is defined (`import minikv` alone changes nothing).
 # The interpreter is slow (about a millisecond per program instance), so the checker's
 # cases stay small.
 
@@ -21,15 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-import minikv  # first: on a machine without a GPU this switches Triton to its interpreter
 from minikv.exercises import check
+from minikv.kernels import use_interpreter_without_cuda
 
+interpreted = use_interpreter_without_cuda()  # before any @triton.jit: sets TRITON_INTERPRET=1 without CUDA
 device = "cuda" if torch.cuda.is_available() else "cpu"
 print(
     "GPU:",
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: Triton kernels run in its interpreter",
 )
-print("Triton interpreter:", minikv.INTERPRETED)
+print("Triton interpreter:", interpreted)
 
 # %% [markdown]
 # ## Task 3.1 · `storage.tp_head_range` (easy)
@@ -192,7 +194,7 @@ check("storage.store_torch", store_torch)
 #   guard memory and tells you if you wrote outside it.
 #
 # On the CPU, every program instance costs about a millisecond in the interpreter, so
-# give each program several tokens there: `BLOCK_T = 64 if minikv.INTERPRETED else 8`.
+# give each program several tokens there: `BLOCK_T = 8 if k.is_cuda else 64`.
 #
 # ```{admonition} Hint 1: the indices of one program
 # :class: dropdown
@@ -216,7 +218,11 @@ check("storage.store_torch", store_torch)
 # :class: dropdown
 # Validate, return early when `n == 0`, make `indices` contiguous (the kernel reads
 # slot `t` at `loc_ptr + t`), then
-# `store_kernel[(triton.cdiv(n, BLOCK_T),)](k, v, k_cache, v_cache, indices, n, page_size, heads, head_dim, *k.stride(), *v.stride(), *k_cache.stride(), BLOCK_T=..., BLOCK_H=..., BLOCK_D=...)`.
+# ```python
+# store_kernel[(triton.cdiv(n, BLOCK_T),)](
+#     k, v, k_cache, v_cache, indices, n, page_size, heads, head_dim,
+#     *k.stride(), *v.stride(), *k_cache.stride(), BLOCK_T=..., BLOCK_H=..., BLOCK_D=...)
+# ```
 # Passing a tensor passes its data pointer. `v_cache` has the same strides as `k_cache`.
 # ```
 
@@ -262,7 +268,7 @@ def store(k_cache, v_cache, indices, k, v) -> None:
     if num_tokens == 0:
         return
     indices = indices.contiguous()
-    block_t = 64 if minikv.INTERPRETED else 8
+    block_t = 8 if k.is_cuda else 64
     store_kernel[(triton.cdiv(num_tokens, block_t),)](
         k, v, k_cache, v_cache, indices,
         num_tokens, page_size, num_heads, head_dim,

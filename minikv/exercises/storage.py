@@ -22,9 +22,10 @@ import minikv as _minikv
 from .. import kernels as _kernels_pkg
 from .. import mha_pool as _mha_pool
 from ..base import KVCacheLayout
+from ..kernels import cpu_copy as _cpu_copy
 from ..kernels import store as _store_module
 from ..mha_pool import MHAKVCache
-from ._core import Case, Mismatch, call, exercise, expect_equal, outcome, raised
+from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_equal, outcome, raised
 
 _F = Callable[..., object]
 FILL = -3.0
@@ -122,7 +123,8 @@ def _view_cases() -> list[Case]:
                 )
             if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
                 raise Mismatch(
-                    "your result is a copy, not a view: the store kernel would write into the copy and the cache would never see it.",
+                    "your result is a copy, not a view: the store kernel would write into the copy "
+                    "and the cache would never see it.",
                     "a tensor that shares the buffer's memory",
                     "a tensor with memory of its own",
                 )
@@ -145,7 +147,8 @@ def _describe_wrong_view(got: torch.Tensor, expected: torch.Tensor, buffer: torc
     else:
         source = f"the value {value}, which is not in the buffer at all"
     return (
-        f"view[{kv}, layer {layer}, page {page}, head {head}, {d}] should be buffer[{kv}, page {page}, layer {layer}, head {head}, {d}], "
+        f"view[{kv}, layer {layer}, page {page}, head {head}, {d}] should be "
+        f"buffer[{kv}, page {page}, layer {layer}, head {head}, {d}], "
         f"but it is {source}. A reshape or view keeps the memory order; the layers and pages must swap places instead."
     )
 
@@ -183,7 +186,8 @@ def _slot_mapping_cases() -> list[Case]:
             got_list = got.tolist()
             if got_list != expected:
                 raise Mismatch(
-                    f"the slots of positions {start}..{end - 1} with page_size {page_size} and page table {table} are wrong.",
+                    f"the slots of positions {start}..{end - 1} with page_size {page_size} "
+                    f"and page table {table} are wrong.",
                     str(expected),
                     str(got_list),
                 )
@@ -230,21 +234,26 @@ STORE_SETUPS = [
     StoreSetup("one token, page_size 1, 1 head of 4 values", 1, heads=1, head_dim=4, num_pages=8),
     StoreSetup("5 tokens into random slots, 2 heads of 8", 5, seed=1),
     StoreSetup("no tokens at all: nothing is written (and nothing crashes)", 0),
-    StoreSetup("70 tokens (one more block than 64), 3 heads of 24: nothing is a power of two", 70, heads=3, head_dim=24, num_pages=96, seed=2),
+    StoreSetup("70 tokens (one more block than 64), 3 heads of 24: nothing is a power of two",
+               70, heads=3, head_dim=24, num_pages=96, seed=2),
     StoreSetup("page_size 4: slot s is row s % 4 of page s // 4", 10, page_size=4, num_pages=8, seed=3),
-    StoreSetup("a layer of a page-first buffer: the cache's pages are far apart in memory", 12, page_size=2, num_pages=12, layout="page_first", seed=4),
+    StoreSetup("a layer of a page-first buffer: the cache's pages are far apart in memory",
+               12, page_size=2, num_pages=12, layout="page_first", seed=4),
     StoreSetup("K and V are slices of one fused QKV tensor", 9, source="fused_qkv", seed=5),
     StoreSetup("K comes from a fused QKV tensor, V is contiguous: their strides differ", 9, source="mixed", seed=6),
     StoreSetup("K and V are transposed views (heads-major in memory)", 9, source="heads_major", seed=7),
     StoreSetup("float16", 16, dtype=torch.float16, seed=8),
     StoreSetup("bfloat16", 16, dtype=torch.bfloat16, seed=9),
     StoreSetup("int64 slot indices", 16, index_dtype=torch.int64, seed=10),
-    StoreSetup("indices is a strided view (every other element of a longer tensor)", 6, num_pages=8, strided_indices=True, seed=14),
+    StoreSetup("indices is a strided view (every other element of a longer tensor)",
+               6, num_pages=8, strided_indices=True, seed=14),
     StoreSetup(
         "130 tokens, page_size 16, page-first, bfloat16, fused QKV: everything at once",
-        130, heads=3, head_dim=12, page_size=16, num_pages=12, dtype=torch.bfloat16, layout="page_first", source="fused_qkv", seed=11,
+        130, heads=3, head_dim=12, page_size=16, num_pages=12, dtype=torch.bfloat16,
+        layout="page_first", source="fused_qkv", seed=11,
     ),
-    StoreSetup("a slot one past the end of the cache: raise IndexError and write nothing", 4, num_pages=8, bad_slot=8, seed=12),
+    StoreSetup("a slot one past the end of the cache: raise IndexError and write nothing",
+               4, num_pages=8, bad_slot=8, seed=12),
     StoreSetup("a negative slot: raise IndexError and write nothing", 4, num_pages=8, bad_slot=-1, seed=13),
 ]  # fmt: skip
 
@@ -275,7 +284,8 @@ class _Store:
         if s.bad_slot is not None:
             slots[-1] = s.bad_slot
         if s.strided_indices:
-            # The elements in between are valid slots too, so a kernel that ignores the stride writes wrongly but safely.
+            # The elements in between are valid slots too:
+            # a kernel that ignores the stride writes wrongly, but safely.
             table = torch.full((2 * n,), num_slots - 1, dtype=slots.dtype)
             table[::2] = slots
             self.indices = table.to(s.index_dtype).to(device)[::2]
@@ -306,10 +316,12 @@ class _Store:
         k_before, v_before = self.k.clone(), self.v.clone()
         if s.bad_slot is not None:
             _, error = raised(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
+            _explain_a_kernel_compiled_for_no_gpu(error)
             if not isinstance(error, IndexError):
                 what = outcome(error, returned="returned normally")
                 raise Mismatch(
-                    f"slot {s.bad_slot} is outside the cache's {s.num_pages * s.page_size} slots: check the indices before launching "
+                    f"slot {s.bad_slot} is outside the cache's {s.num_pages * s.page_size} slots: "
+                    "check the indices before launching "
                     "(Triton does not check bounds) and raise IndexError.",
                     "IndexError, nothing written",
                     what,
@@ -317,7 +329,11 @@ class _Store:
             self._check_guard()
             self._check_rows()
             return
-        call(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
+        try:
+            call(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
+        except LearnerRaised as learner:
+            _explain_a_kernel_compiled_for_no_gpu(learner.error)
+            raise
         self._check_guard()
         if not (torch.equal(self.k, k_before) and torch.equal(self.v, v_before)):
             raise Mismatch("your function changed k or v; it should only read them.")
@@ -370,9 +386,25 @@ class _Store:
         return "values that are no token's K or V row (wrong strides?)"
 
 
+def _explain_a_kernel_compiled_for_no_gpu(error: BaseException | None) -> None:
+    """Triton's error for a ``@triton.jit`` kernel launched on a machine without a GPU, in plain words."""
+    if error is not None and "active drivers" in str(error) and not torch.cuda.is_available():
+        raise Mismatch(
+            "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
+            "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
+            "the kernel (the notebook's first cell does), then run the kernel's cell again.",
+            "a kernel that runs in Triton's interpreter",
+            f"{type(error).__name__}: {error}",
+        )
+
+
 def _guarded_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A copy of ``tensor`` with the same strides, in the middle of a zeroed allocation much larger than it."""
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else 1
+    span = (
+        1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+        if tensor.numel()
+        else 1
+    )
     guard = GUARD_FACTOR * span + 4096
     base = torch.zeros(guard + span + guard, dtype=tensor.dtype, device=device)
     copy = base.as_strided(tuple(tensor.shape), tuple(tensor.stride()), guard)
@@ -389,11 +421,16 @@ def _store_cases() -> list[Case]:
     return [make(setup) for setup in STORE_SETUPS]
 
 
-_REFERENCE_STORES = tuple(
-    (owner, name)
-    for owner in (_store_module, _kernels_pkg, _minikv)
-    for name in ("store_cache", "store_cache_reference")
-) + ((_store_module, "_launch"), (_store_module, "_store_torch"), (_mha_pool, "store_cache"))
+_REFERENCE_STORES = (
+    *(
+        (owner, name)
+        for owner in (_store_module, _kernels_pkg, _minikv)
+        for name in ("store_cache", "store_cache_reference")
+    ),
+    *((owner, "launch_store_kernel") for owner in (_store_module, _kernels_pkg)),
+    (_cpu_copy, "copy_rows"),
+    (_mha_pool, "store_cache"),
+)
 
 exercise(
     "storage.store_torch", "write each token's K and V rows into its slot, in plain torch", forbid=_REFERENCE_STORES

@@ -1,10 +1,43 @@
-"""GPU kernels, with a CPU path through Triton's interpreter.
+"""The store kernel and where it runs.
 
-Importing this package on a machine without CUDA sets ``TRITON_INTERPRET=1``
-(unless it is already set) *before* any kernel is decorated: Triton reads the
-variable when ``@triton.jit`` runs, and again at launch, so it is never unset.
+* :mod:`minikv.kernels.store`: the Triton kernel, its launcher, the checks and :func:`store_cache`;
+* :mod:`minikv.kernels.cpu_copy`: the plain-torch copy that ``backend="torch"`` runs;
+* :mod:`minikv.kernels.devices`: the rule for where a kernel runs (compiled on CUDA
+  tensors, interpreted on CPU tensors), with no environment variable set at import.
+
+Importing this package does not import Triton: the kernel is handed to Triton when it
+is first launched.
 """
 
-from .store import INTERPRETED, store_cache, store_cache_reference
+from .devices import as_device, interpreted, triton_interpreter_requested, use_interpreter_without_cuda
+from .store import (
+    BACKENDS,
+    SLOT_CHECKS,
+    SUPPORTED_DTYPES,
+    StoreLaunch,
+    check_slots,
+    check_store_arguments,
+    launch_store_kernel,
+    plan_store_launch,
+    store_cache,
+    store_cache_reference,
+    store_kernel,
+)
 
-__all__ = ["INTERPRETED", "store_cache", "store_cache_reference"]
+__all__ = [
+    "BACKENDS",
+    "SLOT_CHECKS",
+    "SUPPORTED_DTYPES",
+    "StoreLaunch",
+    "as_device",
+    "check_slots",
+    "check_store_arguments",
+    "interpreted",
+    "launch_store_kernel",
+    "plan_store_launch",
+    "store_cache",
+    "store_cache_reference",
+    "store_kernel",
+    "triton_interpreter_requested",
+    "use_interpreter_without_cuda",
+]

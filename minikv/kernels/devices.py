@@ -1,0 +1,141 @@
+"""Where a Triton kernel runs, by one rule: where its tensors are.
+
+* CUDA tensors: the kernel is compiled for the GPU they live on, and launched on that GPU.
+* CPU tensors: the same kernel runs in Triton's *interpreter*, which executes its
+  Python body with NumPy. It is exact and slow (about a millisecond per program).
+
+The rule is the same on a machine with or without a GPU, and it needs no environment
+variable: minikv hands the kernel's Python function to Triton's interpreter itself.
+``import minikv`` changes nothing in the process, and does not even import Triton: a
+kernel is handed to Triton the first time it is launched.
+
+A kernel *you* write with ``@triton.jit`` is different: Triton reads ``TRITON_INTERPRET``
+when the decorator runs, and again at the first launch. On a machine without CUDA, call
+:func:`use_interpreter_without_cuda` before defining it (the exercise notebooks do).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from ..errors import ArgumentError, ArgumentTypeError
+
+_TRUE = ("1", "true", "on", "yes")
+
+
+def triton_interpreter_requested() -> bool:
+    """Whether ``TRITON_INTERPRET`` asks Triton to interpret kernels decorated from now on.
+
+    Read the way Triton reads it (``1``, ``true``, ``on`` or ``yes``, in any case), at the
+    time of the call: nothing is remembered from import time.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+
+
+def use_interpreter_without_cuda() -> bool:
+    """On a machine without CUDA, make Triton interpret the kernels decorated after this call.
+
+    Sets ``TRITON_INTERPRET=1`` for this process (and its children) unless the variable is
+    already set: an explicit ``TRITON_INTERPRET=0`` is respected. Does nothing where CUDA is
+    available. Returns whether kernels decorated from now on run in the interpreter.
+
+    minikv's own kernels do not need this (see the module's docstring); a learner's
+    ``@triton.jit`` kernel on a CPU does, because Triton decides at decoration time.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return triton_interpreter_requested()
+
+
+def interpreted(device: torch.device | str) -> bool:
+    """Whether a minikv kernel on tensors of ``device`` runs in Triton's interpreter.
+
+    True for every device but CUDA. On CUDA, also True when ``TRITON_INTERPRET`` is
+    set (the interpreter then copies the tensors to the host and back: correct, slow).
+    """
+    return torch.device(device).type != "cuda" or triton_interpreter_requested()
+
+
+def as_device(device: torch.device | str, name: str = "device") -> torch.device:
+    """``device`` as a :class:`torch.device` that exists on this machine, or an error naming ``name``.
+
+    ``"cuda"`` on a machine without CUDA, ``"cuda:3"`` on a machine with two GPUs and
+    names torch does not know (``"gpu"``, ``"bogus"``) are refused here, before any
+    memory is allocated. ``"meta"`` is accepted: a cache there has shapes and sizes but no
+    data (``store_cache`` refuses it). ``"cuda"`` stays ``"cuda"`` (the current GPU at allocation).
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentTypeError(f"{name} must be a torch.device or a string such as 'cpu', got {type(device).__name__}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ArgumentError(f"{name}: {device!r} is not a device torch knows ({error})") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"{name} is {device!r}, but CUDA is not available on this machine")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ArgumentError(
+                f"{name} is {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif parsed.type not in ("cpu", "meta"):
+        raise ArgumentError(
+            f"{name} is {device!r}: minikv stores its caches on 'cpu' or 'cuda' (or 'meta', to size them)"
+        )
+    return parsed
+
+
+class TritonKernel:
+    """A Triton kernel, written as a plain Python function and handed to Triton when first launched.
+
+    ``kernel[grid](*args)`` launches it where its tensors are (see :func:`interpreted`):
+    :attr:`compiled` on CUDA, :attr:`interpreter` on a CPU. ``fn`` is the Python function,
+    whose source is the kernel (``inspect.getsource(kernel.fn)``).
+    """
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def _python(self) -> Callable[..., None]:
+        """The function, with ``triton.language`` bound as ``tl`` in its module and its annotations resolved."""
+        tl = importlib.import_module("triton.language")
+        namespace = self.fn.__globals__
+        namespace.setdefault("tl", tl)
+        # The kernel's module uses `from __future__ import annotations`: turn "tl.constexpr" back into the object.
+        self.fn.__annotations__ = {
+            key: eval(value, namespace) if isinstance(value, str) else value
+            for key, value in self.fn.__annotations__.items()
+        }
+        return self.fn
+
+    @cached_property
+    def compiled(self) -> Any:
+        """The kernel for GPUs (a ``triton.JITFunction``), compiled per device and specialisation at launch."""
+        from triton.runtime.jit import JITFunction
+
+        return JITFunction(self._python())
+
+    @cached_property
+    def interpreter(self) -> Any:
+        """The kernel in Triton's interpreter (a ``triton.runtime.interpreter.InterpretedFunction``)."""
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(self._python())
+
+    def on(self, device: torch.device) -> Any:
+        """The form of the kernel that runs on ``device``, by the rule of :func:`interpreted`."""
+        return self.interpreter if interpreted(device) else self.compiled
+
+    @property
+    def __name__(self) -> str:
+        return self.fn.__name__
+
+
+def triton_kernel(fn: Callable[..., None]) -> TritonKernel:
+    """Decorator: ``fn`` is a Triton kernel that minikv launches where its tensors are."""
+    return TritonKernel(fn)
