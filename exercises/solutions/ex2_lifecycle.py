@@ -16,7 +16,7 @@
 # %%
 import torch
 
-import minikv  # first: on a machine without a GPU this switches Triton to its interpreter
+import minikv
 from minikv import KVCacheLayout, MHAKVCache, PagePool, RadixCacheManager
 from minikv.exercises import check
 from minikv.exercises.lifecycle import kv_fn
