@@ -69,7 +69,7 @@ def test_a_fresh_node_is_an_empty_parentless_leaf() -> None:
     node = RadixTreeNode(timestamp=7)
     assert node.is_root() and node.is_leaf()
     assert node.length == 0 and node.ref_count == 0 and node.timestamp == 7
-    assert node.key.numel() == 0 and node.value.numel() == 0
+    assert len(node.key) == 0 and len(node.value) == 0
     assert RadixTreeNode().uid != RadixTreeNode().uid
 
 
@@ -104,7 +104,7 @@ def test_split_at_puts_a_new_upper_node_in_the_old_ones_place() -> None:
     node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
     node.set_parent(root)
     node.ref_count, node.timestamp = 2, 9
-    upper = node._split_at(1)
+    upper = node.split_at(1)
     assert root.children == {1: upper} and upper.children == {2: node}
     assert node.parent is upper and upper.parent is root
     assert upper.key.tolist() == [1] and upper.value.tolist() == [10]
@@ -119,7 +119,7 @@ def test_split_at_refuses_a_cut_outside_the_node(pos: int) -> None:
     node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
     node.set_parent(root)
     with pytest.raises(ArgumentError, match="pos"):
-        node._split_at(pos)
+        node.split_at(pos)
     assert root.children == {1: node} and node.length == 4
 
 
@@ -257,7 +257,7 @@ def test_insert_converts_int64_and_list_indices_to_int32() -> None:
     manager.insert_prefix([1, 2], torch.tensor([3, 4], dtype=torch.int64))
     manager.insert_prefix([7], [8])
     for _, node in nodes_with_prefix(manager):
-        assert node.value.dtype == torch.int32 and node.key.dtype == torch.int64
+        assert node.value.dtype == torch.int32 and node.key.dtype == np.int64
     manager.check_integrity()
 
 
@@ -308,7 +308,7 @@ def test_insert_refuses_slots_that_do_not_fit_int32(slots: object) -> None:
 def test_insert_keeps_int64_token_keys_whatever_the_key_dtype() -> None:
     node = RadixTreeNode()
     node.set_key_value(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))
-    assert node.key.dtype == torch.int64 and node.get_match_len(np.array([1, 2, 3])) == 2
+    assert node.key.dtype == np.int64 and node.get_match_len(np.array([1, 2, 3])) == 2
 
 
 # -- lock_handle ------------------------------------------------------------------
