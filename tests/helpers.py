@@ -122,7 +122,7 @@ def assert_pages_accounted(pool: PagePool, holders: dict[str, Iterable[int]]) ->
     for page in pages_of(pool.free_slots().tolist(), ps):
         owner_of[page] = "free"
     for name, slots in holders.items():
-        for page in set(s // ps for s in slots):
+        for page in {s // ps for s in slots}:
             assert page not in owner_of, f"page {page} is held by {name} and by {owner_of[page]}"
             owner_of[page] = name
     missing = sorted(set(range(pool.num_pages)) - set(owner_of))

@@ -580,6 +580,6 @@ def test_a_device_named_with_an_index_is_the_same_device() -> None:
 def test_a_cuda_manager_keeps_values_on_the_gpu() -> None:
     manager = RadixCacheManager(device=torch.device("cuda", 0))
     manager.insert_prefix([1, 2, 3], torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda:0"))
-    handle, indices = manager.match_prefix([1, 2])
+    _, indices = manager.match_prefix([1, 2])
     assert indices.is_cuda and indices.tolist() == [0, 1]
     manager.check_integrity()
