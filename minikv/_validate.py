@@ -26,7 +26,7 @@ import torch
 
 from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
 
-INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+INTEGER_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 """The torch dtypes accepted for token ids and slot indices."""
 
 INT64 = np.dtype(np.int64)

@@ -78,12 +78,13 @@ class RadixTreeNode:
 
     def set_key_value(self, key: torch.Tensor | np.ndarray, value: torch.Tensor) -> None:
         """Give the node its tokens and their slots (one slot per token)."""
-        if len(key) != len(value):
-            raise ArgumentError(f"key has {len(key)} tokens but value has {len(value)} slots")
+        length = key.shape[0]
+        if length != value.shape[0]:
+            raise ArgumentError(f"key has {length} tokens but value has {value.shape[0]} slots")
         key = key.numpy() if isinstance(key, torch.Tensor) else key
         self.key = key.astype(INT64, copy=False)  # the walk compares int64 ids
         self.value = value
-        self.length = len(key)
+        self.length = length
 
     def set_parent(self, parent: RadixTreeNode, page_size: int = 1) -> None:
         """Hang this node under ``parent``, filed under its first token (first page)."""
@@ -587,15 +588,12 @@ class RadixCacheManager(BaseCacheManager):
 
     def _check_new_slots(self, slots: np.ndarray) -> None:
         """Refuse slots that no new leaf could own: a slot listed twice, one the tree holds, or partial pages."""
-        if np.count_nonzero(slots[1:] <= slots[:-1]):  # ascending slots (as a pool hands them out) are distinct
-            ordered = np.sort(slots)
-            if np.count_nonzero(ordered[1:] == ordered[:-1]):
-                raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
-        top = int(np.maximum.reduce(slots)) + 1
-        if top > len(self._slot_held):
-            grown = np.zeros(max(top, 2 * len(self._slot_held)), dtype=bool)
-            grown[: len(self._slot_held)] = self._slot_held
-            self._slot_held = grown
+        # Slots from a pool usually ascend, and ascending slots are distinct; others are sorted to look.
+        ascending = not np.count_nonzero(slots[1:] <= slots[:-1])
+        ordered = slots if ascending else np.sort(slots)
+        if not ascending and np.count_nonzero(ordered[1:] == ordered[:-1]):
+            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
+        self._record_room_for(int(ordered[-1]))
         taken = self._slot_held[slots]
         if np.count_nonzero(taken):
             raise ArgumentError(f"indices: slot {int(slots[taken][0])} is already held by another node of the tree")
@@ -607,6 +605,13 @@ class RadixCacheManager(BaseCacheManager):
                 raise ArgumentError(
                     f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
                 )
+
+    def _record_room_for(self, slot: int) -> None:
+        """Grow the record of held slots so that it has a place for ``slot`` (doubling, so rarely)."""
+        if slot >= len(self._slot_held):
+            grown = np.zeros(max(slot + 1, 2 * len(self._slot_held)), dtype=bool)
+            grown[: len(self._slot_held)] = self._slot_held
+            self._slot_held = grown
 
     def _release(self, freed: torch.Tensor) -> None:
         """Record that the tree no longer holds these slots."""
