@@ -7,6 +7,7 @@ changes the other, and the snapshots must agree. While the learner's function
 runs, the method it re-writes is switched off, so it cannot just call it.
 """
 
+# ruff: noqa: E501  (the case tables keep one case per line)
 from __future__ import annotations
 
 import random
@@ -49,7 +50,7 @@ def _match_len_cases() -> list[Case]:
         ("the first tokens differ", [1, 2, 3], [9, 2, 3]),
         ("the last token differs", [1, 2, 3], [1, 2, 9]),
         ("a difference in the middle, and a later equal token", [1, 2, 3, 4, 5], [1, 2, 0, 4, 5]),
-        ("1000 tokens that differ only at the end", long, long[:-1] + [-1]),
+        ("1000 tokens that differ only at the end", long, [*long[:-1], -1]),
         ("1000 equal tokens", long, list(long)),
     ]
 
@@ -95,6 +96,7 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
         ps = tree.page_size
         for path, pos in splits:
             node, ref_node = _trees.find_node(mine, path), _trees.find_node(ref, path)
+            assert node.parent is not None  # the recipes split nodes of the tree only
             parent_path = _trees.path_of(node.parent)
             if not 0 < pos < node.length:
                 _expect_refusal(
@@ -568,7 +570,7 @@ def _unaligned(manager: RadixCacheManager) -> None:
 
 def _scrambled_page(manager: RadixCacheManager) -> None:
     node = _leaf(manager, (0, 1, 2, 3, 4, 5))
-    node.value = node.value[[1, 0] + list(range(2, node.length))].clone()
+    node.value = node.value[[1, 0, *range(2, node.length)]].clone()
 
 
 def _wrong_parent(manager: RadixCacheManager) -> None:
@@ -662,7 +664,7 @@ def _insert_cases() -> list[Case]:
         _insert_case("10 tokens with page_size 4: the last 2 are not inserted", empty4, [tuple(range(10))]),
         _insert_case("3 tokens with page_size 4: nothing is inserted, return 0", empty4, [(1, 2, 3)]),
         _insert_case("the first page is cached: return 4 and insert the rest", cached, [(0, 1, 2, 3, 9, 9, 9, 9)]),
-        _insert_case("every whole page is cached already: nothing is added", cached, [tuple(range(8)) + (5,)]),
+        _insert_case("every whole page is cached already: nothing is added", cached, [(*range(8), 5)]),
         _insert_case("the new leaf hangs under a node split at a page border", cached, [(0, 1, 2, 3, 4, 5, 9, 9)]),
         _insert_case("the tree keeps a copy of the slots, not a view", empty2, [(1, 2, 3, 4)]),
         _insert_case("page_size 2: ten prompts over a tiny vocabulary", empty2, prompts),
