@@ -2,9 +2,10 @@
 
 Read this file beside chapter 5. The order is the order of the chapter:
 the node (``RadixTreeNode``, ``get_match_len``, ``split_at``), the handle
-(``RadixCacheHandle``, ``path_of``), then the manager (``clock``/``tick``, ``walk``,
-``match_prefix``, ``insert_prefix``, ``lock_handle``, ``evict``, ``reset``,
-``size_info``, ``check_integrity``).
+(``RadixCacheHandle``), then the manager: its clock (``clock``, ``tick``), the walk
+(``walk``, made of ``find`` and ``commit``), ``match_prefix``, ``insert_prefix``,
+``lock_handle``, ``evict``, ``reset``, ``size_info``; the readers the chapter uses
+along the way (``nodes``, ``path_of``, ``evictable_leaves``); ``check_integrity``.
 
 Where this differs from the code the notes study (mini-sglang's old
 ``radix_manager.py``), it is on purpose:
@@ -143,6 +144,10 @@ class RadixTreeNode:
         return f"RadixTreeNode({state}key={shown}, len={self.length}, ref={self.ref_count}, t={self.timestamp})"
 
 
+Cut = tuple[RadixTreeNode, int] | None
+"""Where a match ends inside a node: ``(node, tokens of it matched)``; ``None`` when it ends on a boundary."""
+
+
 def child_key(key: np.ndarray, page_size: int, start: int = 0) -> ChildKey:
     """The dict key a node is filed under in its parent: first token, or first page (of ``key[start:]``)."""
     if page_size == 1:
@@ -223,22 +228,28 @@ class RadixCacheManager(BaseCacheManager):
         A match that ends inside a node splits it so that the match ends on a
         node boundary. Every node on the matched path gets the current time.
         With ``page_size > 1`` matching goes a whole page at a time.
+
+        A walk has two halves: :meth:`find` looks (and changes nothing), :meth:`commit`
+        stamps the path and splits. ``insert_prefix`` checks its slots between the two.
         """
         ids = as_token_ids(input_ids)
-        path, prefix_len, cut = self._find(ids, self.root_node, 0, len(ids))
-        return self._commit(path, cut), prefix_len
+        path, prefix_len, cut = self.find(ids)
+        return self.commit(path, cut), prefix_len
 
-    def _find(
-        self, ids: np.ndarray, node: RadixTreeNode, prefix_len: int, end: int
-    ) -> tuple[list[RadixTreeNode], int, tuple[RadixTreeNode, int] | None]:
-        """The read-only half of a walk from ``node``, which matched ``ids[:prefix_len]``, up to ``ids[:end]``.
+    def find(
+        self, ids: np.ndarray, node: RadixTreeNode | None = None, prefix_len: int = 0
+    ) -> tuple[list[RadixTreeNode], int, Cut]:
+        """The read-only half of a walk: how far the tree matches ``ids``.
 
-        Returns the nodes matched whole (``node`` first), the matched length, and where
-        the match ends inside a child: ``(child, tokens of it matched)``, or ``None``.
-        Changes nothing, so a call can still refuse after it.
+        ``ids`` is a 1-D int64 NumPy array (as :func:`~minikv._validate.as_token_ids` makes it).
+        The search starts at ``node`` (the root by default), which matched ``ids[:prefix_len]``.
+        Returns the path (``node``, then every node below it matched whole), the matched
+        length, and the cut: ``(child, tokens of it matched)`` when the match ends inside a
+        child, else ``None``. Changes nothing.
         """
         page_size = self.page_size
-        end -= end % page_size
+        node = self.root_node if node is None else node
+        end = len(ids) - len(ids) % page_size
         path = [node]
         tokens = ids[:end].tobytes()
         while prefix_len < end:
@@ -256,10 +267,11 @@ class RadixCacheManager(BaseCacheManager):
             return path, prefix_len + matched, (child, matched)
         return path, prefix_len, None
 
-    def _commit(self, path: list[RadixTreeNode], cut: tuple[RadixTreeNode, int] | None) -> RadixTreeNode:
-        """The changing half of a walk: stamp the matched path, split where the match ends; return its end node.
+    def commit(self, path: list[RadixTreeNode], cut: Cut) -> RadixTreeNode:
+        """The changing half of a walk: one tick, the matched path stamped, the cut child split.
 
-        ``path`` is the root and the nodes matched whole below it, as :meth:`_find` found them.
+        ``path`` starts at the root, as :meth:`find` returns it from the root. Returns the
+        node where the match ends: the last node of the path, or the upper half of the split.
         """
         now = self.tick()
         for node in path[1:]:
@@ -287,8 +299,8 @@ class RadixCacheManager(BaseCacheManager):
 
     def match_prefix(self, input_ids: TokenIds) -> tuple[RadixCacheHandle, torch.Tensor]:
         ids = as_token_ids(input_ids)
-        path, prefix_len, cut = self._find(ids, self.root_node, 0, len(ids))
-        node = self._commit(path, cut)
+        path, prefix_len, cut = self.find(ids)
+        node = self.commit(path, cut)
         if prefix_len == 0:
             return RadixCacheHandle(0, node), self._no_slots()
         return RadixCacheHandle(prefix_len, node), torch.cat(_values_from_root(node))
@@ -304,13 +316,13 @@ class RadixCacheManager(BaseCacheManager):
         else:
             above = self._check_insert_handle(handle, ids)
             start, start_len = above.pop(), handle.cached_len
-        path, prefix_len, cut = self._find(ids, start, start_len, len(ids))
+        path, prefix_len, cut = self.find(ids, start, start_len)
         insert_len = len(ids) - len(ids) % self.page_size
         new_slots = slots[prefix_len:insert_len]
         if len(new_slots):
             self._check_new_slots(new_slots)
         # Nothing was changed before this line, so a refused call changed nothing.
-        node = self._commit(above + path, cut)
+        node = self.commit(above + path, cut)
         if len(new_slots):
             leaf = RadixTreeNode(self._clock)
             # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
