@@ -81,8 +81,8 @@ def as_integer_array(value: IntegerSequence, name: str, what: str = "an int") ->
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
             raise ArgumentTypeError(f"{name} must be a NumPy array of integers, got dtype {value.dtype}")
-        if value.ndim != 1:
-            raise ArgumentError(f"{name} must be 1-D, got shape {value.shape}")
+        if value.ndim != 1:  # (a TypeError for arrays, as BlockManager's callers rely on)
+            raise ArgumentTypeError(f"{name} must be a 1-D NumPy array, got shape {value.shape}")
         return value
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
