@@ -604,10 +604,8 @@ class RadixCacheManager(BaseCacheManager):
 
         Returns the slots as positions in the record of held slots (``np.intp``, NumPy's index type).
         """
-        # Slots from a pool usually ascend, and ascending slots are distinct; others are sorted to look.
-        ascending = not np.count_nonzero(slots[1:] <= slots[:-1])
-        ordered = slots if ascending else np.sort(slots)
-        if not ascending and np.count_nonzero(ordered[1:] == ordered[:-1]):
+        ordered = np.sort(slots)
+        if np.count_nonzero(ordered[1:] == ordered[:-1]):
             raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
         self._record_room_for(int(ordered[-1]))
         positions = slots.astype(np.intp)
