@@ -825,3 +825,55 @@ def test_slots_are_accepted_in_every_form_token_ids_are(indices: object) -> None
     manager = RadixCacheManager()
     manager.insert_prefix(np.array([1, 2]), indices)  # type: ignore[arg-type]
     assert manager.match_prefix([1, 2])[1].tolist() == [4, 5]
+
+
+@given(
+    page_size=st.sampled_from([1, 2]),
+    prompts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=10), min_size=1, max_size=6),
+    steps=st.lists(st.tuples(st.sampled_from(["match", "lock", "unlock", "evict"]), st.integers(0, 30)), max_size=40),
+)
+@settings(REPRODUCIBLE, max_examples=150)
+def test_locks_count_per_node_against_a_ledger_of_handles(
+    page_size: int, prompts: list[list[int]], steps: list[tuple[str, int]]
+) -> None:
+    # The ledger: how many locks each handle's node holds of its own. An unlock is accepted exactly
+    # when the ledger says its node holds one, whatever deeper locks pass through it.
+    manager = RadixCacheManager(page_size=page_size)
+    next_page = 0
+    for ids in prompts:
+        ids = [t for t in ids for _ in range(page_size)]
+        manager.insert_prefix(ids, list(range(next_page * page_size, (next_page + len(ids) // page_size) * page_size)))
+        next_page += len(ids) // page_size
+    handles: list[RadixCacheHandle] = []
+    own: dict[int, int] = {}
+    for kind, pick in steps:
+        if kind == "match" or not handles:
+            ids = [t for t in prompts[pick % len(prompts)] for _ in range(page_size)]
+            handles.append(manager.match_prefix(ids[: 1 + pick % len(ids)])[0])
+            continue
+        handle = handles[pick % len(handles)]
+        if handle.cached_len == 0 or handle.node.is_evicted():
+            continue
+        key = handle.node.uid
+        if kind == "lock":
+            manager.lock_handle(handle)
+            own[key] = own.get(key, 0) + 1
+        elif kind == "unlock":
+            if own.get(key, 0) > 0:
+                manager.lock_handle(handle, unlock=True)
+                own[key] -= 1
+            else:
+                before = manager_snapshot(manager)
+                with pytest.raises(LockError):
+                    manager.lock_handle(handle, unlock=True)
+                assert manager_snapshot(manager) == before
+        else:
+            manager.evict(min(pick, manager.size_info.evictable_size))
+        manager.check_integrity()
+    for handle in handles:
+        while own.get(handle.node.uid, 0) > 0:
+            manager.lock_handle(handle, unlock=True)
+            own[handle.node.uid] -= 1
+    assert manager.size_info.protected_size == 0
+    manager.reset()
+    manager.check_integrity()
