@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
+import numpy as np
 import torch
+
+from .errors import ArgumentTypeError
+
+TokenIds: TypeAlias = torch.Tensor | np.ndarray | Sequence[int]
+"""Token ids or slot indices as the package accepts them: a 1-D integer tensor, a 1-D NumPy
+integer array, or a list of ints (the exact rule is in ``minikv._validate``)."""
 
 
 class KVCacheLayout(enum.Enum):
@@ -77,6 +85,10 @@ class BaseCacheHandle(ABC):
 
     cached_len: int
 
+    def __post_init__(self) -> None:
+        if isinstance(self.cached_len, bool) or not isinstance(self.cached_len, int) or self.cached_len < 0:
+            raise ArgumentTypeError(f"cached_len must be an int >= 0, got {self.cached_len!r}")
+
 
 class SizeInfo(NamedTuple):
     """How many cached token slots the manager holds, split by whether they may be evicted."""
@@ -96,8 +108,10 @@ class SizeInfo(NamedTuple):
 class BaseCacheManager(ABC):
     """Management layer: which prefixes are cached, who uses them, what to evict.
 
-    Token ids and slot indices are 1-D integer tensors (lists of ints are
-    accepted). Returned indices are ``int32`` on the manager's device.
+    Token ids and slot indices are :data:`TokenIds`: 1-D integer tensors, NumPy
+    arrays or lists of ints. Returned indices are ``int32`` on the manager's device,
+    and every returned tensor is the caller's own (a fresh tensor, never one the
+    manager keeps or hands out again), so resizing or writing it changes nothing else.
     A manager holds no KV data; the caller owns a page pool and frees the slots
     that ``insert_prefix`` and ``evict`` tell it to.
     """
@@ -105,7 +119,7 @@ class BaseCacheManager(ABC):
     page_size: int = 1
 
     @abstractmethod
-    def match_prefix(self, input_ids: torch.Tensor) -> tuple[BaseCacheHandle, torch.Tensor]:
+    def match_prefix(self, input_ids: TokenIds) -> tuple[BaseCacheHandle, torch.Tensor]:
         """Find the longest cached prefix of ``input_ids``.
 
         Returns ``(handle, indices)`` with ``len(indices) == handle.cached_len``.
@@ -121,13 +135,19 @@ class BaseCacheManager(ABC):
         """Protect (or release) the prefix a handle names from eviction.
 
         Locking covers every node from the handle's node up to the root (root
-        excluded). Locks nest: each lock needs its own unlock. Unlocking what is
-        not locked raises :class:`~minikv.errors.LockError` and changes nothing.
-        The handle of an empty match (``cached_len == 0``) locks nothing.
+        excluded). Locks nest: each lock needs its own unlock.
+
+        Locks count per node: a lock belongs to the node its handle ends at, and
+        a node holds a lock of its own exactly when its ``ref_count`` exceeds the
+        sum of its children's. Unlocking at a node that holds no lock of its own
+        (never locked there, or already unlocked) raises
+        :class:`~minikv.errors.LockError` and changes nothing, even when a deeper
+        lock passes through that node. The handle of an empty match
+        (``cached_len == 0``) locks nothing.
         """
 
     @abstractmethod
-    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> int:
+    def insert_prefix(self, input_ids: TokenIds, indices: TokenIds, *, handle: BaseCacheHandle | None = None) -> int:
         """Record that ``indices[i]`` holds the KV of token ``input_ids[i]``.
 
         Returns the length that was *already* cached. ``len(input_ids)`` must
@@ -136,6 +156,12 @@ class BaseCacheManager(ABC):
         The caller then frees ``indices[m:already_cached]`` (duplicates, where
         ``m`` is its own earlier match length) -- not ``indices[:already_cached]``,
         whose first ``m`` slots the tree owns.
+
+        ``handle`` (optional) is the locked handle of the request's own match of
+        a prefix of ``input_ids``: the insert then goes on from the handle's node
+        instead of walking the cached prefix again, with the same result. A
+        refused call (bad arguments, a slot the tree already holds, a stale or
+        foreign handle) changes nothing.
         """
 
     @abstractmethod

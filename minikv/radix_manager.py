@@ -1,9 +1,11 @@
 """``RadixCacheManager``: share KV slots between requests whose prompts share a prefix.
 
 Read this file beside chapter 5. The order is the order of the chapter:
-the node (``RadixTreeNode``, ``get_match_len``, ``_split_at``), the handle, then the
-manager (``_walk``, ``match_prefix``, ``insert_prefix``, ``lock_handle``, ``evict``,
-``reset``, ``size_info``, ``check_integrity``).
+the node (``RadixTreeNode``, ``get_match_len``, ``split_at``), the handle
+(``RadixCacheHandle``), then the manager: its clock (``clock``, ``tick``), the walk
+(``walk``, made of ``find`` and ``commit``), ``match_prefix``, ``insert_prefix``,
+``lock_handle``, ``evict``, ``reset``, ``size_info``; the readers the chapter uses
+along the way (``nodes``, ``path_of``, ``evictable_leaves``); ``check_integrity``.
 
 Where this differs from the code the notes study (mini-sglang's old
 ``radix_manager.py``), it is on purpose:
@@ -12,22 +14,25 @@ Where this differs from the code the notes study (mini-sglang's old
 * time is a logical clock, so runs are reproducible;
 * evict keeps a heap of evictable leaves up to date instead of scanning the
   whole tree on every call;
-* unlock, evict and reset check their preconditions and raise clear errors
-  before touching anything; ``check_integrity`` really checks.
+* every call checks its arguments before it changes anything (a refused call changes
+  nothing, not even the clock), and ``check_integrity`` really checks;
+* locks count per node, so an unlock at a node that holds no lock of its own is refused;
+* ``insert_prefix`` may continue from the handle of the request's own locked match
+  instead of walking the cached prefix again.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ._validate import _INT64, as_count, as_positive, as_slot_array, as_token_ids, canonical_device
-from .base import BaseCacheHandle, BaseCacheManager, SizeInfo
+from ._validate import INT32, INT64, as_count, as_positive, as_slot_array, as_token_ids, canonical_device
+from .base import BaseCacheHandle, BaseCacheManager, SizeInfo, TokenIds
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -40,9 +45,9 @@ from .errors import (
 ChildKey = int | tuple[int, ...]
 
 _node_ids = itertools.count()
-# Shared by every node before set_key_value (and by the root forever): never written to.
-_EMPTY_KEY = np.empty(0, dtype=_INT64)
-_EMPTY_VALUE = torch.empty(0, dtype=torch.int32)
+# Shared by every node until set_key_value gives it its own: never written to.
+_NO_TOKENS = np.empty(0, dtype=INT64)
+_NO_SLOTS = torch.empty(0, dtype=torch.int32)
 
 
 class RadixTreeNode:
@@ -50,109 +55,97 @@ class RadixTreeNode:
 
     ``children`` maps the first token of each child (the first *page* of tokens,
     as a tuple, when ``page_size > 1``) to the child. ``ref_count`` is the
-    number of locks held on this node; ``timestamp`` is the logical time of its
-    last use, for LRU eviction.
+    number of locks whose path passes through this node; ``timestamp`` is the
+    logical time of its last use, for LRU eviction. ``key`` (the token ids, a
+    NumPy ``int64`` array), ``value`` (their slots, an ``int32`` tensor on the
+    manager's device) and ``length`` are set together by :meth:`set_key_value`.
+    ``parent`` is ``None`` for the root and for a node that left the tree.
     """
 
-    __slots__ = ("_key", "_length", "_parent", "_value", "children", "ref_count", "timestamp", "uid")
+    __slots__ = ("_own_locks", "children", "key", "length", "parent", "ref_count", "timestamp", "uid", "value")
 
     def __init__(self, timestamp: int = 0) -> None:
         self.children: dict[ChildKey, RadixTreeNode] = {}
-        self._parent: RadixTreeNode | None = None
+        self.parent: RadixTreeNode | None = None
         self.ref_count: int = 0
         self.uid: int = next(_node_ids)
         self.timestamp: int = timestamp
-        self._key: np.ndarray = _EMPTY_KEY
-        self._value: torch.Tensor = _EMPTY_VALUE
-        self._length: int = 0
-
-    @property
-    def key(self) -> torch.Tensor:
-        """The token ids of this edge (CPU, int64; shares the node's memory).
-
-        Kept as a NumPy array inside: the walk compares keys there, and a tensor
-        per node would cost more than the comparison.
-        """
-        return torch.from_numpy(self._key)
-
-    @property
-    def value(self) -> torch.Tensor:
-        """The slot indices holding those tokens' KV (int32, on the manager's device)."""
-        return self._value
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def parent(self) -> RadixTreeNode | None:
-        """The node above this one; ``None`` for the root and for an evicted node."""
-        return None if self._parent is _EVICTED else self._parent
+        self.key: np.ndarray = _NO_TOKENS
+        self.value: torch.Tensor = _NO_SLOTS
+        self.length: int = 0
+        # The locks of handles that end at this node; ref_count adds the locks that pass
+        # through it to the nodes below: ref_count == _own_locks + sum of children's ref_count.
+        self._own_locks: int = 0
 
     def set_key_value(self, key: torch.Tensor | np.ndarray, value: torch.Tensor) -> None:
-        key = key if isinstance(key, np.ndarray) else key.numpy()
-        length = len(key)
-        if length != value.shape[0]:  # (len() of a tensor costs four times shape[0]; this runs on every insert)
+        """Give the node its tokens and their slots (one slot per token)."""
+        length = key.shape[0]
+        if length != value.shape[0]:
             raise ArgumentError(f"key has {length} tokens but value has {value.shape[0]} slots")
-        self._key = key if key.dtype == _INT64 else key.astype(_INT64)  # the walk compares int64 bytes
-        self._value = value
-        self._length = length
+        key = key.numpy() if isinstance(key, torch.Tensor) else key
+        self.key = key.astype(INT64, copy=False)  # the walk compares int64 ids
+        self.value = value
+        self.length = length
 
     def set_parent(self, parent: RadixTreeNode, page_size: int = 1) -> None:
-        self._parent = parent
-        parent.children[child_key(self._key, page_size)] = self
+        """Hang this node under ``parent``, filed under its first token (first page)."""
+        self.parent = parent
+        parent.children[child_key(self.key, page_size)] = self
 
     def is_root(self) -> bool:
-        return self._parent is None
+        """The root: no parent and no tokens."""
+        return self.parent is None and self.length == 0
 
     def is_evicted(self) -> bool:
-        """True once ``evict`` removed this node (or, after ``reset``, for the nodes that were at the top).
+        """True once this node left its tree: ``evict`` removed it, or ``reset`` dropped the tree below it.
 
         Below the top of a reset tree a node does not know it was dropped; its handles are
         stale all the same, and ``lock_handle`` refuses them (it walks up to the root).
         """
-        return self._parent is _EVICTED
+        return self.parent is None and self.length > 0
 
     def is_leaf(self) -> bool:
         return not self.children
 
     def get_match_len(self, input_ids: np.ndarray) -> int:
         """How many leading tokens of ``input_ids`` equal this node's key."""
-        return match_len(self._key, input_ids)
+        return match_len(self.key, input_ids)
 
-    def _split_at(self, pos: int, page_size: int = 1) -> RadixTreeNode:
+    def split_at(self, pos: int, page_size: int = 1) -> RadixTreeNode:
         """Cut this node after ``pos`` tokens; return the new upper node.
 
         The upper node takes the first ``pos`` tokens and slots and this node's
         place under the parent; this node keeps the rest and hangs below it.
         ``ref_count`` and ``timestamp`` are copied: every lock and every use of
         this node covered both halves. Handles that point at this node stay
-        valid, since it still ends where it ended.
+        valid, since it still ends where it ended (and so do its own locks).
         """
-        if not 0 < pos < self._length:
-            raise ArgumentError(f"pos must be in (0, {self._length}), got {pos}")
-        parent = self._parent
-        assert parent is not None, "the root is never split"
+        if not 0 < pos < self.length:
+            raise ArgumentError(f"pos must be in (0, {self.length}), got {pos}")
+        parent = self.parent
+        if parent is None:
+            raise ArgumentError("split_at: this node is in no tree (the root is never split)")
         upper = RadixTreeNode(self.timestamp)
-        upper.set_key_value(self._key[:pos], self._value[:pos])
+        upper.set_key_value(self.key[:pos], self.value[:pos])
         upper.ref_count = self.ref_count
         upper.set_parent(parent, page_size)  # replaces self in parent.children
-        self.set_key_value(self._key[pos:], self._value[pos:])
+        self.set_key_value(self.key[pos:], self.value[pos:])
         self.set_parent(upper, page_size)
         return upper
 
     def __repr__(self) -> str:
         if self.is_root():
             return "RadixTreeNode(root)"
-        shown = self._key[:6].tolist()
-        more = "..." if self._length > 6 else ""
+        try:
+            shown = str(list(self.key[:6].tolist())) + ("..." if len(self.key) > 6 else "")
+        except (TypeError, AttributeError):  # a corrupted key must not hide the error that names it
+            shown = f"<{type(self.key).__name__}>"
         state = "evicted, " if self.is_evicted() else ""
-        return f"RadixTreeNode({state}key={shown}{more}, len={self._length}, ref={self.ref_count}, t={self.timestamp})"
+        return f"RadixTreeNode({state}key={shown}, len={self.length}, ref={self.ref_count}, t={self.timestamp})"
 
 
-# The parent of every evicted node: a node that is in no tree, so walking up from an
-# evicted node can never reach a root.
-_EVICTED = RadixTreeNode()
+Cut = tuple[RadixTreeNode, int] | None
+"""Where a match ends inside a node: ``(node, tokens of it matched)``; ``None`` when it ends on a boundary."""
 
 
 def child_key(key: np.ndarray, page_size: int, start: int = 0) -> ChildKey:
@@ -172,11 +165,25 @@ def match_len(key: np.ndarray, input_ids: np.ndarray) -> int:
     return int(np.argmin(key[:n] == input_ids[:n]))
 
 
+def key_matches_at(tokens: bytes, key: np.ndarray, start: int) -> bool:
+    """Whether the token ids in ``tokens`` (int64 ids as bytes), from position ``start`` on, begin with ``key``.
+
+    One comparison in place (a ``memcmp``), with no copy of either side: the walk
+    turns the request's tokens into bytes once and tests each node's key this way.
+    """
+    return tokens.startswith(key.data, start * INT64.itemsize)
+
+
 @dataclass(frozen=True)
 class RadixCacheHandle(BaseCacheHandle):
     """A matched prefix: its length and the deepest node it reaches."""
 
     node: RadixTreeNode
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.node, RadixTreeNode):
+            raise ArgumentTypeError(f"node must be a RadixTreeNode, got {type(self.node).__name__}")
 
 
 class RadixCacheManager(BaseCacheManager):
@@ -185,60 +192,98 @@ class RadixCacheManager(BaseCacheManager):
     def __init__(self, device: torch.device | str = "cpu", page_size: int = 1) -> None:
         self.device = canonical_device(device)
         self.page_size = as_positive(page_size, "page_size")
+        # The notes' pre-created empty result: the template of every empty result (which
+        # is a fresh tensor each time, so a caller that resizes its result changes nothing).
         self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
-        self._on_cpu = self.device.type == "cpu"
-        self._page_offsets = np.arange(self.page_size, dtype=np.int32)
         self.root_node = RadixTreeNode()
         self.root_node.ref_count = 1  # the root is always protected and never evicted
         self.evictable_size = 0
         self.protected_size = 0
         self._clock = 0
-        # Min-heap of (timestamp, uid, node) over evictable leaves. Entries go
-        # stale when a node is used, locked, gains a child or is evicted; stale
-        # entries are skipped when popped and purged when they pile up.
-        self._evictable_leaves: list[tuple[int, int, RadixTreeNode]] = []
         self._num_nodes = 0
+        # Min-heap of (timestamp, uid, node) over evictable leaves. An entry goes stale
+        # when its node is used, locked, gains a child or is evicted; stale entries are
+        # skipped when popped, and dropped when the heap grows past twice the tree.
+        self._heap: list[tuple[int, int, RadixTreeNode]] = []
+        # _slot_held[s]: whether a node of this tree holds slot s (grown on demand).
+        self._slot_held = np.zeros(0, dtype=bool)
 
-    # -- walking the tree -------------------------------------------------
+    # -- the clock ----------------------------------------------------------
 
-    def _tick(self) -> int:
+    @property
+    def clock(self) -> int:
+        """The logical time now: the time of the last walk (0 before the first)."""
+        return self._clock
+
+    def tick(self) -> int:
+        """Advance the clock by one and return the new time."""
         self._clock += 1
         return self._clock
 
-    def _walk(self, input_ids: np.ndarray) -> tuple[RadixTreeNode, int]:
+    # -- walking the tree -------------------------------------------------
+
+    def walk(self, input_ids: TokenIds) -> tuple[RadixTreeNode, int]:
         """Descend from the root along ``input_ids``; return the deepest node reached and the matched length.
 
         A match that ends inside a node splits it so that the match ends on a
         node boundary. Every node on the matched path gets the current time.
         With ``page_size > 1`` matching goes a whole page at a time.
+
+        A walk has two halves: :meth:`find` looks (and changes nothing), :meth:`commit`
+        stamps the path and splits. ``insert_prefix`` checks its slots between the two.
+        """
+        ids = as_token_ids(input_ids)
+        path, prefix_len, cut = self.find(ids)
+        return self.commit(path, cut), prefix_len
+
+    def find(
+        self, ids: np.ndarray, node: RadixTreeNode | None = None, prefix_len: int = 0
+    ) -> tuple[list[RadixTreeNode], int, Cut]:
+        """The read-only half of a walk: how far the tree matches ``ids``.
+
+        ``ids`` is a 1-D int64 NumPy array (as :func:`~minikv._validate.as_token_ids` makes it).
+        The search starts at ``node`` (the root by default), which matched ``ids[:prefix_len]``.
+        Returns the path (``node``, then every node below it matched whole), the matched
+        length, and the cut: ``(child, tokens of it matched)`` when the match ends inside a
+        child, else ``None``. Changes nothing.
         """
         page_size = self.page_size
-        now = self._tick()
-        node = self.root_node
-        prefix_len = 0
-        total = len(input_ids) - len(input_ids) % page_size
-        # One copy of the tokens as bytes: each node's key is then compared in place
-        # (a memcmp), and only a key that differs is compared token by token.
-        input_bytes = input_ids[:total].tobytes()
-        while prefix_len < total:
-            child = node.children.get(child_key(input_ids, page_size, prefix_len))
+        node = self.root_node if node is None else node
+        end = len(ids) - len(ids) % page_size
+        path = [node]
+        start = prefix_len
+        rest = ids[start:end].tobytes()  # the tokens still to match, as bytes
+        while prefix_len < end:
+            child = node.children.get(child_key(ids, page_size, prefix_len))
             if child is None:
                 break
-            node = child
-            if input_bytes.startswith(node._key, prefix_len * 8):
-                # The whole key matched (the common case): stamp the node and go on below it.
-                prefix_len += node._length
-                self._touch(node, now)
+            if key_matches_at(rest, child.key, prefix_len - start):
+                node = child  # the whole key matched: go on below it
+                path.append(node)
+                prefix_len += node.length
                 continue
-            # The match ends inside this node: split it there, and the upper half is where it ends.
-            matched = node.get_match_len(input_ids[prefix_len:total])
+            # The match ends inside this child (at least its first page matched).
+            matched = child.get_match_len(ids[prefix_len:end])
             matched -= matched % page_size
-            prefix_len += matched
-            node = node._split_at(matched, page_size)
-            self._num_nodes += 1
-            node.timestamp = now
-            break
-        return node, prefix_len
+            return path, prefix_len + matched, (child, matched)
+        return path, prefix_len, None
+
+    def commit(self, path: list[RadixTreeNode], cut: Cut) -> RadixTreeNode:
+        """The changing half of a walk: one tick, the matched path stamped, the cut child split.
+
+        ``path`` starts at the root, as :meth:`find` returns it from the root. Returns the
+        node where the match ends: the last node of the path, or the upper half of the split.
+        """
+        now = self.tick()
+        for node in path[1:]:
+            self._touch(node, now)
+        if cut is None:
+            return path[-1]
+        child, matched = cut
+        upper = child.split_at(matched, self.page_size)
+        self._num_nodes += 1
+        upper.timestamp = now
+        return upper
 
     def _touch(self, node: RadixTreeNode, now: int) -> None:
         node.timestamp = now
@@ -247,95 +292,114 @@ class RadixCacheManager(BaseCacheManager):
 
     def _push_evictable(self, node: RadixTreeNode) -> None:
         """Queue an evictable leaf under its current timestamp (older entries for it go stale)."""
-        heap = self._evictable_leaves
-        heapq.heappush(heap, (node.timestamp, node.uid, node))
-        if len(heap) > 2 * self._num_nodes + 64:
+        heapq.heappush(self._heap, (node.timestamp, node.uid, node))
+        if len(self._heap) > 2 * self._num_nodes + 64:
             self._compact()
 
     # -- the public interface ----------------------------------------------
 
-    def match_prefix(self, input_ids: torch.Tensor | Sequence[int]) -> tuple[RadixCacheHandle, torch.Tensor]:
-        node, prefix_len = self._walk(as_token_ids(input_ids))
+    def match_prefix(self, input_ids: TokenIds) -> tuple[RadixCacheHandle, torch.Tensor]:
+        ids = as_token_ids(input_ids)
+        path, prefix_len, cut = self.find(ids)
+        node = self.commit(path, cut)
         if prefix_len == 0:
-            return RadixCacheHandle(0, node), self.empty_tensor
+            return RadixCacheHandle(0, node), self._no_slots()
         return RadixCacheHandle(prefix_len, node), torch.cat(_values_from_root(node))
 
-    def insert_prefix(self, input_ids: torch.Tensor | Sequence[int], indices: torch.Tensor | Sequence[int]) -> int:
+    def insert_prefix(self, input_ids: TokenIds, indices: TokenIds, *, handle: BaseCacheHandle | None = None) -> int:
         ids = as_token_ids(input_ids)
         slots = as_slot_array(indices, self.device)
         if len(ids) != len(slots):
             raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
+        if handle is None:
+            above: list[RadixTreeNode] = []
+            start, start_len = self.root_node, 0
+        else:
+            above = self._check_insert_handle(handle, ids)
+            start, start_len = above.pop(), handle.cached_len
+        path, prefix_len, cut = self.find(ids, start, start_len)
         insert_len = len(ids) - len(ids) % self.page_size
-        node, prefix_len = self._walk(ids[:insert_len])
-        if prefix_len < insert_len:
+        new_slots = slots[prefix_len:insert_len]
+        if len(new_slots):
+            positions = self._check_new_slots(new_slots)
+        # Nothing was changed before this line, so a refused call changed nothing.
+        node = self.commit(above + path, cut)
+        if len(new_slots):
             leaf = RadixTreeNode(self._clock)
             # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
-            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._new_slots(slots[prefix_len:insert_len]))
+            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._to_device(new_slots.copy()))
             leaf.set_parent(node, self.page_size)
             self._num_nodes += 1
-            self.evictable_size += leaf._length
+            self._slot_held[positions] = True
+            self.evictable_size += leaf.length
             # The parent's heap entry, if it had one, is now stale: it has a child.
             self._push_evictable(leaf)
         return prefix_len
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
-        path = self._path_of(handle)
+        path = self.path_of(handle)
+        if not path:
+            return  # the handle of an empty match: nothing to lock
+        node = path[0]
         if unlock:
-            for n in path:
-                if n.ref_count <= 0:
-                    raise LockError(f"handle: cannot unlock, {n!r} on its path is not locked")
+            if node._own_locks <= 0:
+                raise LockError(f"handle: cannot unlock, {node!r} holds no lock of its own")
+            node._own_locks -= 1
             for n in path:
                 n.ref_count -= 1
                 if n.ref_count == 0:
-                    self.protected_size -= n._length
-                    self.evictable_size += n._length
+                    self.protected_size -= n.length
+                    self.evictable_size += n.length
                     if not n.children:
                         self._push_evictable(n)
         else:
+            node._own_locks += 1
             for n in path:
                 if n.ref_count == 0:
-                    self.evictable_size -= n._length
-                    self.protected_size += n._length
+                    self.evictable_size -= n.length
+                    self.protected_size += n.length
                 n.ref_count += 1
 
     def evict(self, size: int) -> torch.Tensor:
         size = as_count(size, "size")
         if size == 0:
-            return self.empty_tensor
+            return self._no_slots()
         if size > self.evictable_size:
             raise EvictionError(f"size: asked to evict {size} slots but only {self.evictable_size} are evictable")
         evicted: list[torch.Tensor] = []
         evicted_size = 0
-        heap = self._evictable_leaves
         while evicted_size < size:
-            timestamp, _, node = heapq.heappop(heap)
-            if not self._is_evictable_leaf(node, timestamp):
+            if not self._heap:
+                raise IntegrityError("evictable_size", f"says {self.evictable_size}, but no evictable leaf is left")
+            timestamp, _, node = heapq.heappop(self._heap)
+            if not self._is_live(timestamp, node):
                 continue
-            parent = node._parent
-            assert parent is not None
-            del parent.children[child_key(node._key, self.page_size)]
-            node._parent = _EVICTED
+            parent = node.parent
+            assert parent is not None  # a live entry's node is in the tree
+            del parent.children[child_key(node.key, self.page_size)]
+            node.parent = None  # it left the tree: its handles are stale now
             self._num_nodes -= 1
-            self.evictable_size -= node._length
-            evicted_size += node._length
-            evicted.append(node._value)
+            self.evictable_size -= node.length
+            evicted_size += node.length
+            evicted.append(node.value)
             if parent is not self.root_node and not parent.children and parent.ref_count == 0:
-                heapq.heappush(
-                    heap, (parent.timestamp, parent.uid, parent)
-                )  # evict never grows the heap: no compaction
-        return torch.cat(evicted)
+                self._push_evictable(parent)
+        freed = torch.cat(evicted)
+        self._release(freed)
+        return freed
 
     def reset(self) -> torch.Tensor:
         if self.protected_size:
             raise LockError(f"reset: {self.protected_size} slots are locked; unlock every handle first")
-        held = [n._value for n in self._nodes()]
+        held = [n.value for n in self.nodes()]
         for top in self.root_node.children.values():
-            top._parent = _EVICTED  # every handle into the old tree is now stale
+            top.parent = None  # every handle into the old tree is now stale
         self.root_node.children.clear()
         self.evictable_size = 0
-        self._evictable_leaves.clear()
+        self._heap.clear()
         self._num_nodes = 0
-        return torch.cat(held) if held else self.empty_tensor
+        self._slot_held[:] = False
+        return torch.cat(held) if held else self._no_slots()
 
     @property
     def size_info(self) -> SizeInfo:
@@ -346,135 +410,9 @@ class RadixCacheManager(BaseCacheManager):
         """Nodes in the tree, root excluded."""
         return self._num_nodes
 
-    def check_integrity(self) -> None:
-        root = self.root_node
-        if root.ref_count != 1 or root.length != 0 or root._parent is not None:
-            raise IntegrityError("root", "the root must have ref_count 1, no tokens and no parent", root)
-        evictable = protected = count = 0
-        seen_slots: list[torch.Tensor] = []
-        heap_entries = {(t, uid) for t, uid, _ in self._evictable_leaves}
-        stack = [root]
-        while stack:
-            parent = stack.pop()
-            for key, node in parent.children.items():
-                count += 1
-                self._check_node(node, parent, key, heap_entries)
-                if node.ref_count == 0:
-                    evictable += node.length
-                else:
-                    protected += node.length
-                seen_slots.append(node._value)
-                stack.append(node)
-        if count != self._num_nodes:
-            raise IntegrityError("node count", f"counter says {self._num_nodes} nodes, the tree has {count}")
-        if evictable != self.evictable_size:
-            raise IntegrityError("evictable_size", f"counter is {self.evictable_size}, unlocked nodes hold {evictable}")
-        if protected != self.protected_size:
-            raise IntegrityError("protected_size", f"counter is {self.protected_size}, locked nodes hold {protected}")
-        if seen_slots:
-            all_slots = torch.cat(seen_slots)
-            unique = torch.unique(all_slots)
-            if len(unique) != len(all_slots):
-                counts = torch.bincount(all_slots.long().cpu())
-                dup = int(torch.argmax(counts))
-                owners = [n for n in self._nodes() if bool((n._value == dup).any())]
-                raise IntegrityError("slot held twice", f"slot {dup} is held by {len(owners)} nodes", owners[0])
+    # -- reading the tree ---------------------------------------------------
 
-    def _check_node(
-        self, node: RadixTreeNode, parent: RadixTreeNode, key: ChildKey, heap_entries: set[tuple[int, int]]
-    ) -> None:
-        ps = self.page_size
-        if node._parent is not parent:
-            raise IntegrityError("parent link", f"listed under {parent!r} but its parent is {node._parent!r}", node)
-        if node.length == 0:
-            raise IntegrityError("empty node", "a non-root node must hold at least one token", node)
-        if len(node._key) != node.length or len(node._value) != node.length:
-            raise IntegrityError(
-                "key/value length", f"length {node.length}, key {len(node._key)}, value {len(node._value)}", node
-            )
-        if child_key(node._key, ps) != key:
-            raise IntegrityError(
-                "child key", f"filed under {key!r}, but its key starts {child_key(node._key, ps)!r}", node
-            )
-        if node.ref_count < 0:
-            raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
-        if parent is not self.root_node and node.ref_count > parent.ref_count:
-            raise IntegrityError("lock covers path", f"ref_count {node.ref_count} > parent's {parent.ref_count}", node)
-        if parent is not self.root_node and node.timestamp > parent.timestamp:
-            raise IntegrityError(
-                "LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node
-            )
-        if node._value.dtype != torch.int32 or node._value.device != self.device:
-            raise IntegrityError("value tensor", f"value must be int32 on {self.device}", node)
-        if bool((node._value < 0).any()):
-            raise IntegrityError("slot range", "negative slot index", node)
-        if ps > 1:
-            if node.length % ps:
-                raise IntegrityError(
-                    "page alignment", f"length {node.length} is not a multiple of page_size {ps}", node
-                )
-            pages = node._value.view(-1, ps).long()
-            offsets = torch.arange(ps, device=self.device)
-            if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
-                raise IntegrityError("page alignment", "slots do not form whole pages", node)
-        if node.ref_count == 0 and not node.children and (node.timestamp, node.uid) not in heap_entries:
-            raise IntegrityError("evictable leaves", "an evictable leaf is missing from the eviction heap", node)
-
-    # -- helpers ------------------------------------------------------------
-
-    def _new_slots(self, slots: np.ndarray) -> torch.Tensor:
-        """A private copy of the new leaf's ``slots`` as a tensor, refused if no leaf could own them.
-
-        Refused: a slot listed twice, or (paged) slots that are not whole pages.
-        Runs after the walk, so a refused insert may have split a node on its way, which changes
-        no cached token (exactly as a match does).
-        """
-        # Slots from a fresh pool ascend, which proves them distinct without a sort.
-        if np.count_nonzero(slots[1:] <= slots[:-1]):
-            ordered = np.sort(slots)  # (np.unique would sort too, at three times the cost)
-            if np.count_nonzero(ordered[1:] == ordered[:-1]):
-                raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
-        ps = self.page_size
-        if ps > 1:
-            firsts = slots[::ps]
-            whole_pages = (firsts[:, None] + self._page_offsets).reshape(-1)
-            if np.count_nonzero(firsts % ps) or whole_pages.tobytes() != slots.tobytes():
-                raise ArgumentError(
-                    f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
-                )
-        value = torch.from_numpy(slots.copy())
-        return value if self._on_cpu else value.to(self.device)
-
-    def _path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
-        """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
-        if not isinstance(handle, RadixCacheHandle):
-            raise ArgumentTypeError(f"handle must be a RadixCacheHandle, got {type(handle).__name__}")
-        node = handle.node
-        path = []
-        while node._parent is not None:
-            path.append(node)
-            node = node._parent
-        if node is not self.root_node:
-            # Evicted nodes, and the top of a reset tree, hang under _EVICTED.
-            why = "was evicted or reset away" if node is _EVICTED else "belongs to another manager's tree"
-            raise StaleHandleError(f"handle: its node {handle.node!r} {why}")
-        return path
-
-    def _is_evictable_leaf(self, node: RadixTreeNode, timestamp: int) -> bool:
-        return (
-            node.timestamp == timestamp
-            and node.ref_count == 0
-            and not node.children
-            and node._parent is not None
-            and not node.is_evicted()
-        )
-
-    def _compact(self) -> None:
-        """Drop the stale entries of the eviction heap, once they outnumber the nodes two to one."""
-        self._evictable_leaves = [e for e in self._evictable_leaves if self._is_evictable_leaf(e[2], e[0])]
-        heapq.heapify(self._evictable_leaves)
-
-    def _nodes(self) -> Iterator[RadixTreeNode]:
+    def nodes(self) -> Iterator[RadixTreeNode]:
         """Every node but the root, parents before children."""
         stack = list(self.root_node.children.values())
         while stack:
@@ -482,12 +420,250 @@ class RadixCacheManager(BaseCacheManager):
             yield node
             stack.extend(node.children.values())
 
+    def path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
+        """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
+        if not isinstance(handle, RadixCacheHandle):
+            raise ArgumentTypeError(f"handle must be a RadixCacheHandle, got {type(handle).__name__}")
+        node = handle.node
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        if node is not self.root_node:
+            why = "was evicted or reset away" if node.length else "belongs to another manager's tree"
+            raise StaleHandleError(f"handle: its node {handle.node!r} {why}")
+        return path
+
+    def evictable_leaves(self) -> list[RadixTreeNode]:
+        """The leaves ``evict`` may take, least recently used first (the order it takes them in)."""
+        live = {uid: (t, uid, node) for t, uid, node in self._heap if self._is_live(t, node)}
+        return [node for _, _, node in sorted(live.values(), key=lambda entry: entry[:2])]
+
+    # -- checking -------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        try:
+            self._check_tree()
+        except IntegrityError:
+            raise
+        except Exception as error:  # state so broken that reading it fails
+            raise IntegrityError("readable state", f"{type(error).__name__}: {error}") from error
+
+    def _check_tree(self) -> None:
+        root = self.root_node
+        if not isinstance(root, RadixTreeNode):
+            raise IntegrityError("root", f"root_node is a {type(root).__name__}, not a RadixTreeNode")
+        if root.ref_count != 1 or root.parent is not None or root.length != 0 or len(root.key) or len(root.value):
+            raise IntegrityError("root", "the root must have ref_count 1, no tokens, no slots and no parent", root)
+        for name in ("evictable_size", "protected_size", "_num_nodes", "_clock"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise IntegrityError("counters", f"{name.lstrip('_')} is {value!r}, not an int")
+        evictable = protected = count = 0
+        held: list[torch.Tensor] = []
+        in_tree: set[int] = set()
+        stack = [root]
+        while stack:
+            parent = stack.pop()
+            below = 0
+            for key, node in parent.children.items():
+                if not isinstance(node, RadixTreeNode):
+                    raise IntegrityError("child type", f"child {key!r} is a {type(node).__name__}", parent)
+                count += 1
+                self._check_node(node, parent, key)
+                below += node.ref_count
+                if node.ref_count == 0:
+                    evictable += node.length
+                else:
+                    protected += node.length
+                held.append(node.value)
+                in_tree.add(node.uid)
+                stack.append(node)
+            if parent is not root:
+                if below > parent.ref_count:
+                    raise IntegrityError(
+                        "lock covers path", f"ref_count {parent.ref_count} < its children's {below}", parent
+                    )
+                if parent.ref_count != parent._own_locks + below:
+                    raise IntegrityError(
+                        "lock accounting",
+                        f"ref_count {parent.ref_count}, but {parent._own_locks} own locks + {below} from below",
+                        parent,
+                    )
+        if count != self._num_nodes:
+            raise IntegrityError("node count", f"counter says {self._num_nodes} nodes, the tree has {count}")
+        if evictable != self.evictable_size:
+            raise IntegrityError("evictable_size", f"counter is {self.evictable_size}, unlocked nodes hold {evictable}")
+        if protected != self.protected_size:
+            raise IntegrityError("protected_size", f"counter is {self.protected_size}, locked nodes hold {protected}")
+        self._check_slots(held)
+        self._check_heap(in_tree)
+
+    def _check_node(self, node: RadixTreeNode, parent: RadixTreeNode, key: ChildKey) -> None:
+        ps = self.page_size
+        for name in ("ref_count", "timestamp", "length", "_own_locks"):
+            value = getattr(node, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise IntegrityError("field types", f"{name.lstrip('_')} is {value!r}, not an int", node)
+        if not isinstance(node.key, np.ndarray) or node.key.dtype != INT64 or node.key.ndim != 1:
+            raise IntegrityError("key array", f"key must be a 1-D NumPy int64 array, got {_describe(node.key)}", node)
+        value = node.value
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int32 or value.dim() != 1:
+            raise IntegrityError("value tensor", f"value must be a 1-D int32 tensor, got {_describe(value)}", node)
+        if value.device != self.device:
+            raise IntegrityError("value tensor", f"value is on {value.device}, not on {self.device}", node)
+        if node.parent is not parent:
+            raise IntegrityError("parent link", f"listed under {parent!r} but its parent is {node.parent!r}", node)
+        if node.length == 0:
+            raise IntegrityError("empty node", "a non-root node must hold at least one token", node)
+        if len(node.key) != node.length or len(value) != node.length:
+            raise IntegrityError(
+                "key/value length", f"length {node.length}, key {len(node.key)}, value {len(value)}", node
+            )
+        if ps > 1 and node.length % ps:
+            raise IntegrityError("page alignment", f"length {node.length} is not a multiple of page_size {ps}", node)
+        if child_key(node.key, ps) != key:
+            raise IntegrityError(
+                "child key", f"filed under {key!r}, but its key starts {child_key(node.key, ps)!r}", node
+            )
+        if node.ref_count < 0 or node._own_locks < 0:
+            raise IntegrityError("ref_count", f"negative ref_count {node.ref_count} (own {node._own_locks})", node)
+        if parent is not self.root_node and node.timestamp > parent.timestamp:
+            raise IntegrityError(
+                "LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node
+            )
+        if node.timestamp > self._clock:
+            raise IntegrityError("clock", f"used at t={node.timestamp}, but the clock says {self._clock}", node)
+        if bool((value < 0).any()):
+            raise IntegrityError("slot range", "negative slot index", node)
+        if ps > 1:
+            pages = value.view(-1, ps).long()
+            offsets = torch.arange(ps, device=self.device)
+            if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
+                raise IntegrityError("page alignment", "slots do not form whole pages", node)
+
+    def _check_slots(self, held: list[torch.Tensor]) -> None:
+        """No slot held twice, and the record of held slots says exactly which are held."""
+        slots = torch.cat(held).long().cpu() if held else torch.empty(0, dtype=torch.long)
+        counts = torch.bincount(slots) if len(slots) else slots
+        if len(counts) and int(counts.max()) > 1:
+            dup = int(torch.argmax(counts))
+            owners = [n for n in self.nodes() if bool((n.value == dup).any())]
+            raise IntegrityError("slot held twice", f"slot {dup} is held by {len(owners)} nodes", owners[0])
+        recorded = np.flatnonzero(self._slot_held)
+        if recorded.tobytes() != torch.sort(slots).values.numpy().astype(recorded.dtype).tobytes():
+            raise IntegrityError("held slots", "the record of held slots differs from the slots the nodes hold")
+
+    def _check_heap(self, in_tree: set[int]) -> None:
+        """The eviction heap: well-formed entries in heap order, and every evictable leaf in it."""
+        heap = self._heap
+        for i, entry in enumerate(heap):
+            if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[2], RadixTreeNode)):
+                raise IntegrityError("eviction heap", f"entry {i} is {entry!r}, not (timestamp, uid, node)")
+            timestamp, uid, node = entry
+            if not isinstance(timestamp, int) or uid != node.uid:
+                raise IntegrityError("eviction heap", f"entry {i} ({timestamp!r}, {uid!r}) names another node", node)
+            if i and heap[(i - 1) // 2][:2] > entry[:2]:
+                raise IntegrityError("eviction heap", f"entry {i} is smaller than its heap parent: not in heap order")
+            if self._is_live(timestamp, node) and uid not in in_tree:
+                raise IntegrityError("eviction heap", f"entry {i} holds a node of another tree", node)
+        queued = {(t, uid) for t, uid, _ in heap}
+        for node in self.nodes():
+            if node.ref_count == 0 and not node.children and (node.timestamp, node.uid) not in queued:
+                raise IntegrityError("evictable leaves", "an evictable leaf is missing from the eviction heap", node)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _check_insert_handle(self, handle: BaseCacheHandle, ids: np.ndarray) -> list[RadixTreeNode]:
+        """The path from the root down to ``handle``'s node (root first), once the handle is proven usable.
+
+        Usable: a handle into this tree (not stale), locked unless it is the root's, and its tokens
+        the first ``cached_len`` of ``ids``. Walking up from the handle's node proves the first two;
+        comparing each key on the path in place proves the third. Then a walk from the handle's node
+        finds exactly what a walk from the root would.
+        """
+        path = self.path_of(handle)
+        if path and path[0].ref_count <= 0:
+            raise LockError(f"handle: {path[0]!r} is not locked; pass the handle of your own locked match")
+        path.append(self.root_node)
+        path.reverse()
+        if handle.cached_len > len(ids) or handle.cached_len % self.page_size:
+            raise ArgumentError(f"handle: cached_len {handle.cached_len} cannot be a match of these {len(ids)} ids")
+        tokens = ids[: handle.cached_len].tobytes()
+        offset = 0
+        for node in path[1:]:
+            if not key_matches_at(tokens, node.key, offset):
+                raise ArgumentError(f"handle: its tokens are not a prefix of input_ids (they differ in {node!r})")
+            offset += node.length
+        if offset != handle.cached_len:
+            raise ArgumentError(f"handle: cached_len is {handle.cached_len}, but its path holds {offset} tokens")
+        return path
+
+    def _check_new_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Refuse slots that no new leaf could own: a slot listed twice, one the tree holds, or partial pages.
+
+        Returns the slots as positions in the record of held slots (``np.intp``, NumPy's index type).
+        """
+        ordered = np.sort(slots)
+        if np.count_nonzero(ordered[1:] == ordered[:-1]):
+            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
+        self._record_room_for(int(ordered[-1]))
+        positions = slots.astype(np.intp)
+        taken = self._slot_held[positions]
+        if np.count_nonzero(taken):
+            raise ArgumentError(f"indices: slot {int(slots[taken][0])} is already held by another node of the tree")
+        ps = self.page_size
+        if ps > 1:
+            firsts = slots[::ps]
+            whole_pages = (firsts[:, None] + np.arange(ps, dtype=INT32)).reshape(-1)
+            if np.count_nonzero(firsts % ps) or not np.array_equal(whole_pages, slots):
+                raise ArgumentError(
+                    f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
+                )
+        return positions
+
+    def _record_room_for(self, slot: int) -> None:
+        """Grow the record of held slots so that it has a place for ``slot`` (doubling, so rarely)."""
+        if slot >= len(self._slot_held):
+            grown = np.zeros(max(slot + 1, 2 * len(self._slot_held)), dtype=bool)
+            grown[: len(self._slot_held)] = self._slot_held
+            self._slot_held = grown
+
+    def _release(self, freed: torch.Tensor) -> None:
+        """Record that the tree no longer holds these slots."""
+        on_host = freed if freed.is_cpu else freed.cpu()  # one transfer from a GPU, none on the CPU
+        self._slot_held[on_host.numpy().astype(np.intp)] = False
+
+    def _to_device(self, slots: np.ndarray) -> torch.Tensor:
+        value = torch.from_numpy(slots)
+        return value if self.device.type == "cpu" else value.to(self.device)
+
+    def _no_slots(self) -> torch.Tensor:
+        """An empty result: a new tensor each time, so that no caller can resize another's."""
+        return self.empty_tensor.new_empty(0)
+
+    def _is_live(self, timestamp: int, node: RadixTreeNode) -> bool:
+        """Whether a heap entry still names an evictable leaf: in the tree, unused since it was queued."""
+        return node.timestamp == timestamp and node.ref_count == 0 and not node.children and node.parent is not None
+
+    def _compact(self) -> None:
+        """Keep one entry per evictable leaf, dropping every stale one."""
+        live = {uid: (t, uid, node) for t, uid, node in self._heap if self._is_live(t, node)}
+        self._heap = list(live.values())
+        heapq.heapify(self._heap)
+
 
 def _values_from_root(node: RadixTreeNode) -> list[torch.Tensor]:
     """The slot tensors of ``node``'s path, root first (the root holds none)."""
     values = []
-    while node._parent is not None:
-        values.append(node._value)
-        node = node._parent
+    while node.parent is not None:
+        values.append(node.value)
+        node = node.parent
     values.reverse()
     return values
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return f"{type(value).__name__} of {value.dtype}, shape {tuple(value.shape)}"
+    return type(value).__name__

@@ -88,7 +88,7 @@ def manager_snapshot(manager: BaseCacheManager) -> object:
         )
     )
     root = manager.root_node
-    return (nodes, root.ref_count, manager.size_info, manager.num_nodes, getattr(manager, "_clock", None))
+    return (nodes, root.ref_count, manager.size_info, manager.num_nodes, manager.clock)
 
 
 def pool_snapshot(pool: PagePool) -> object:

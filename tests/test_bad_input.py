@@ -7,6 +7,7 @@ after the call: a refused call must not split a node, tick a clock, move a
 lock, free a page or write a byte.
 """
 
+# ruff: noqa: E501  (the CASES table keeps one case per line, so that it reads as a table)
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -63,6 +64,8 @@ class World:
     """The handle of a prefix that has since been evicted."""
     unlocked: RadixCacheHandle
     """The handle of a cached prefix nobody locked."""
+    through: RadixCacheHandle
+    """The handle of [1, 2]: unlocked itself, but the running request's lock on [1, 2, 3] passes through it."""
 
     def snapshot(self) -> tuple[object, ...]:
         def request_state(r: Request) -> object:
@@ -97,8 +100,9 @@ def make_world() -> World:
     unlocked, _ = radix.match_prefix([5, 6])
     running = admit(radix, pool, [1, 2, 3, 4])
     store(running, cache, kv_fn)
+    through, _ = radix.match_prefix([1, 2])  # splits the locked [1, 2, 3]
     radix.check_integrity()
-    return World(radix, pool, cache, NaiveCacheManager(), running, finished, stale, unlocked)
+    return World(radix, pool, cache, NaiveCacheManager(), running, finished, stale, unlocked, through)
 
 
 def ones_kv(layer: int, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +142,26 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
         "indices",
     ),
     ("naive insert: lengths differ", lambda w: w.naive.insert_prefix([1, 2], [0]), ArgumentError, "indices"),
+    ("insert float numpy slots", lambda w: w.radix.insert_prefix([9], np.array([1.0])), ArgumentTypeError, "indices"),
+    ("match uint64 ids >= 2**63", lambda w: w.radix.match_prefix(np.array([2**63, 1], dtype=np.uint64)), ArgumentError, "input_ids"),
+    ("match a meta tensor", lambda w: w.radix.match_prefix(torch.tensor([1, 2], device="meta")), ArgumentError, "input_ids"),
+    ("match a sparse tensor", lambda w: w.radix.match_prefix(torch.tensor([1, 2]).to_sparse()), ArgumentTypeError, "input_ids"),
+    ("insert a sparse slot tensor", lambda w: w.radix.insert_prefix([9], torch.tensor([3]).to_sparse()), ArgumentTypeError, "indices"),
+    # -- insert_prefix: refused before anything changes (no split, no tick, no new LRU times)
+    ("insert a repeated new slot", lambda w: w.radix.insert_prefix([1, 2, 9, 9], [0, 1, 14, 14]), ArgumentError, "indices"),
+    ("insert a slot another node holds", lambda w: w.radix.insert_prefix([9, 9], [14, int(w.running.indices[0])]), ArgumentError, "indices"),
+    ("insert with a stale handle", lambda w: w.radix.insert_prefix([7, 8, 9], [3, 4, 14], handle=w.stale), StaleHandleError, "handle"),
+    ("insert with an unlocked handle", lambda w: w.radix.insert_prefix([5, 6, 9], [0, 1, 14], handle=w.unlocked), LockError, "handle"),
+    ("insert with the handle of other tokens", lambda w: w.radix.insert_prefix([1, 2, 9, 9], [0, 1, 2, 14], handle=w.running.handle), ArgumentError, "handle"),
+    ("insert with a handle longer than the ids", lambda w: w.radix.insert_prefix([1, 2], [0, 1], handle=w.running.handle), ArgumentError, "handle"),
+    ("insert with a handle of another tree", lambda w: w.radix.insert_prefix([9], [14], handle=RadixCacheManager().match_prefix([1])[0]), StaleHandleError, "handle"),
+    ("insert with a naive handle", lambda w: w.radix.insert_prefix([9], [14], handle=NaiveCacheHandle(0)), ArgumentTypeError, "handle"),
+    ("naive insert with a radix handle", lambda w: w.naive.insert_prefix([9], [14], handle=w.unlocked), ArgumentTypeError, "handle"),
     # -- lock_handle
     ("unlock what is not locked", lambda w: w.radix.lock_handle(w.unlocked, unlock=True), LockError, "handle"),
+    ("unlock where only a deeper lock passes", lambda w: w.radix.lock_handle(w.through, unlock=True), LockError, "handle"),
+    ("a handle of no node", lambda w: RadixCacheHandle(3, None), ArgumentTypeError, "node"),  # type: ignore[arg-type]
+    ("a handle of negative length", lambda w: RadixCacheHandle(-1, w.radix.root_node), ArgumentTypeError, "cached_len"),
     ("lock a stale handle", lambda w: w.radix.lock_handle(w.stale), StaleHandleError, "handle"),
     ("unlock a stale handle", lambda w: w.radix.lock_handle(w.stale, unlock=True), StaleHandleError, "handle"),
     ("lock a naive handle", lambda w: w.radix.lock_handle(NaiveCacheHandle(0)), ArgumentTypeError, "handle"),
@@ -252,6 +274,8 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     # -- constructors and capacity arithmetic
     ("radix page_size 0", lambda w: RadixCacheManager(page_size=0), ArgumentError, "page_size"),
     ("radix on a device that does not exist", lambda w: RadixCacheManager(device="gpu"), ArgumentError, "device"),
+    ("radix on a CUDA device this machine lacks", lambda w: RadixCacheManager(device="cuda:99"), ArgumentError, "device"),
+    ("naive on a CUDA device this machine lacks", lambda w: NaiveCacheManager(device="cuda:99"), ArgumentError, "device"),
     ("pool of no pages", lambda w: PagePool(0), ArgumentError, "num_pages"),
     ("bytes per token, zero layers", lambda w: kv_bytes_per_token(0, 8, 128, torch.bfloat16), ArgumentError, "num_layers"),
     ("MLA with a negative rope dim", lambda w: mla_bytes_per_token(61, 512, -1, torch.bfloat16), ArgumentError, "qk_rope_head_dim"),
@@ -261,8 +285,7 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
 ]  # fmt: skip
 
 
-def test_the_table_is_large_enough() -> None:
-    assert len(CASES) >= 20
+def test_every_case_has_its_own_name() -> None:
     assert len({name for name, *_ in CASES}) == len(CASES)
 
 

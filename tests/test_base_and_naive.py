@@ -33,7 +33,6 @@ from minikv import (
 
 def test_layouts_are_exactly_layer_first_and_page_first() -> None:
     assert [layout.name for layout in KVCacheLayout] == ["LayerFirst", "PageFirst"]
-    assert KVCacheLayout.LayerFirst is not KVCacheLayout.PageFirst
 
 
 def test_storage_interface_is_the_documented_one() -> None:
@@ -49,6 +48,8 @@ def test_manager_interface_is_the_documented_one() -> None:
     assert BaseCacheManager.page_size == 1
     signature = inspect.signature(BaseCacheManager.lock_handle)
     assert signature.parameters["unlock"].default is False
+    handle = inspect.signature(BaseCacheManager.insert_prefix).parameters["handle"]
+    assert handle.kind is inspect.Parameter.KEYWORD_ONLY and handle.default is None
 
 
 def test_a_storage_that_implements_every_method_can_be_built() -> None:
@@ -201,9 +202,34 @@ def test_naive_evict_negative_is_an_argument_error() -> None:
         NaiveCacheManager().evict(-1)
 
 
-def test_naive_integrity_always_holds_and_page_size_is_one() -> None:
+def test_naive_page_size_is_one() -> None:
     manager = NaiveCacheManager()
-    manager.insert_prefix([1, 2], [0, 1])
-    assert manager.check_integrity() is None
-    assert manager.page_size == 1
-    assert isinstance(manager, BaseCacheManager)
+    assert manager.page_size == 1 and isinstance(manager, BaseCacheManager)
+
+
+def test_a_handle_checks_its_fields() -> None:
+    with pytest.raises(errors.ArgumentTypeError, match="cached_len"):
+        NaiveCacheHandle(-1)
+    with pytest.raises(errors.ArgumentTypeError, match="cached_len"):
+        NaiveCacheHandle(True)
+    with pytest.raises(errors.ArgumentTypeError, match="node"):
+        RadixCacheHandle(3, None)  # type: ignore[arg-type]
+
+
+def test_naive_insert_takes_the_handle_of_its_own_match() -> None:
+    manager = NaiveCacheManager()
+    handle, _ = manager.match_prefix([1, 2])
+    assert manager.insert_prefix([1, 2, 3], [0, 1, 2], handle=handle) == 3
+    with pytest.raises(errors.ArgumentTypeError, match="handle"):
+        manager.insert_prefix([1], [0], handle=RadixCacheManager().match_prefix([1])[0])
+
+
+def test_naive_empty_results_are_fresh_tensors() -> None:
+    # The notes pre-create one empty_tensor and hand it to every caller: a caller that resized its
+    # result then changed every later "empty" result. Each result is now its own tensor.
+    manager = NaiveCacheManager()
+    _, first = manager.match_prefix([1])
+    first.resize_(2).fill_(5)
+    _, second = manager.match_prefix([2])
+    assert second.tolist() == [] and manager.evict(0).tolist() == [] and manager.reset().tolist() == []
+    assert first is not second and manager.empty_tensor.tolist() == []

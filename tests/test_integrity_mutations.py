@@ -7,13 +7,16 @@ rule by reaching into the nodes, and expects an :class:`IntegrityError` whose
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from helpers import nodes_with_prefix
 
-from minikv import RadixCacheManager, RadixTreeNode
+from minikv import RadixCacheManager, RadixTreeNode, radix_manager
 from minikv.errors import IntegrityError
 
 
@@ -73,36 +76,36 @@ def child_under_wrong_key(m: RadixCacheManager) -> None:
 
 
 def broken_parent_link(m: RadixCacheManager) -> None:
-    node(m, 1, 2, 3)._parent = node(m, 9)
+    node(m, 1, 2, 3).parent = node(m, 9)
 
 
 def key_value_length_mismatch(m: RadixCacheManager) -> None:
     leaf = node(m, 1, 2, 4, 5)
-    leaf._value = leaf._value[:-1]
+    leaf.value = leaf.value[:-1]
 
 
 def slot_held_by_two_nodes(m: RadixCacheManager) -> None:
     # [9] now claims the slots of [3]: same length, so only the sharing is wrong.
-    node(m, 9)._value = node(m, 1, 2, 3)._value.clone()
+    node(m, 9).value = node(m, 1, 2, 3).value.clone()
 
 
 def empty_non_root_node(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
-    leaf._key = leaf._key[:0]
-    leaf._value = leaf._value[:0]
-    leaf._length = 0
+    leaf.key = leaf.key[:0]
+    leaf.value = leaf.value[:0]
+    leaf.length = 0
 
 
 def misaligned_page(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
-    leaf._value = leaf._value + 1  # still unique slots, but the page starts mid-page
+    leaf.value = leaf.value + 1  # still unique slots, but the page starts mid-page
 
 
 def partial_page_node(m: RadixCacheManager) -> None:
     # [4, 5] (two pages) loses its last token and slot: key and value still agree, but end mid-page.
     leaf = node(m, 1, 2, 4, 5)
-    leaf._key, leaf._value = leaf._key[:-1], leaf._value[:-1]
-    leaf._length -= 1
+    leaf.key, leaf.value = leaf.key[:-1], leaf.value[:-1]
+    leaf.length -= 1
 
 
 def lock_not_covering_the_path(m: RadixCacheManager) -> None:
@@ -115,7 +118,7 @@ def lock_not_covering_the_path(m: RadixCacheManager) -> None:
 
 def evictable_leaf_missing_from_heap(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
-    m._evictable_leaves = [entry for entry in m._evictable_leaves if entry[2] is not leaf]
+    m._heap = [entry for entry in m._heap if entry[2] is not leaf]
 
 
 def child_newer_than_parent(m: RadixCacheManager) -> None:
@@ -124,16 +127,103 @@ def child_newer_than_parent(m: RadixCacheManager) -> None:
 
 def value_of_the_wrong_dtype(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
-    leaf._value = leaf._value.to(torch.int64)
+    leaf.value = leaf.value.to(torch.int64)
 
 
 def negative_slot(m: RadixCacheManager) -> None:
     leaf = node(m, 9)
-    leaf._value = leaf._value - 10_000
+    leaf.value = leaf.value - 10_000
 
 
 def root_unprotected(m: RadixCacheManager) -> None:
     m.root_node.ref_count = 0
+
+
+def lock_nobody_took(m: RadixCacheManager) -> None:
+    # [1, 2] claims a second lock of its own (and counts stay consistent): no handle holds it.
+    node(m, 1, 2).ref_count += 1
+
+
+def top_leaf_locked_without_a_handle(m: RadixCacheManager) -> None:
+    leaf = node(m, 9)
+    leaf.ref_count = 1
+    m.evictable_size -= leaf.length
+    m.protected_size += leaf.length
+
+
+def key_of_int32(m: RadixCacheManager) -> None:
+    node(m, 9).key = node(m, 9).key.astype(np.int32)
+
+
+def key_of_floats(m: RadixCacheManager) -> None:
+    node(m, 9).key = node(m, 9).key.astype(np.float64)
+
+
+def key_as_a_tensor(m: RadixCacheManager) -> None:
+    node(m, 9).key = torch.from_numpy(node(m, 9).key)
+
+
+def key_is_none(m: RadixCacheManager) -> None:
+    node(m, 9).key = None  # type: ignore[assignment]
+
+
+def key_is_2d(m: RadixCacheManager) -> None:
+    node(m, 9).key = node(m, 9).key.reshape(1, -1)
+
+
+def value_is_none(m: RadixCacheManager) -> None:
+    node(m, 9).value = None  # type: ignore[assignment]
+
+
+def value_is_2d(m: RadixCacheManager) -> None:
+    node(m, 9).value = node(m, 9).value.reshape(1, -1)
+
+
+def ref_count_is_none(m: RadixCacheManager) -> None:
+    node(m, 9).ref_count = None  # type: ignore[assignment]
+
+
+def child_is_not_a_node(m: RadixCacheManager) -> None:
+    m.root_node.children[42] = "a string"  # type: ignore[assignment]
+
+
+def heap_out_of_order(m: RadixCacheManager) -> None:
+    m._heap.append((-1, 0, node(m, 9)))  # the smallest entry, at the bottom of the heap
+
+
+def heap_entry_names_another_node(m: RadixCacheManager) -> None:
+    t, _, leaf = m._heap[0]
+    m._heap[0] = (t, leaf.uid + 1000, leaf)
+
+
+def heap_entry_malformed(m: RadixCacheManager) -> None:
+    m._heap.append((1, 2))  # type: ignore[arg-type]
+
+
+def heap_holds_a_node_of_another_tree(m: RadixCacheManager) -> None:
+    other = RadixCacheManager(page_size=m.page_size)
+    other.insert_prefix([5] * m.page_size, list(range(m.page_size)))
+    (stranger,) = other.nodes()
+    m._heap.append((stranger.timestamp + 10**6, stranger.uid, stranger))
+    stranger.timestamp += 10**6
+
+
+def clock_behind_the_timestamps(m: RadixCacheManager) -> None:
+    m._clock = 0
+
+
+def root_holds_a_token(m: RadixCacheManager) -> None:
+    m.root_node.key = np.array([7], dtype=np.int64)
+    m.root_node.value = torch.tensor([99], dtype=torch.int32)
+    m.root_node.length = 1
+
+
+def counter_not_an_int(m: RadixCacheManager) -> None:
+    m.evictable_size = None  # type: ignore[assignment]
+
+
+def held_slot_record_off(m: RadixCacheManager) -> None:
+    m._slot_held[node(m, 9).value.tolist()] = False
 
 
 Mutation = Callable[[RadixCacheManager], None]
@@ -158,6 +248,27 @@ CASES: list[tuple[Mutation, str, int]] = [
     (value_of_the_wrong_dtype, "value tensor", 1),
     (negative_slot, "slot range", 1),
     (root_unprotected, "root", 1),
+    (lock_nobody_took, "lock accounting", 1),
+    (lock_nobody_took, "lock accounting", 2),
+    (top_leaf_locked_without_a_handle, "lock accounting", 1),
+    (key_of_int32, "key array", 1),
+    (key_of_floats, "key array", 1),
+    (key_as_a_tensor, "key array", 1),
+    (key_is_none, "key array", 1),
+    (key_is_2d, "key array", 1),
+    (value_is_none, "value tensor", 1),
+    (value_is_2d, "value tensor", 1),
+    (ref_count_is_none, "field types", 1),
+    (child_is_not_a_node, "child type", 1),
+    (heap_out_of_order, "eviction heap", 1),
+    (heap_entry_names_another_node, "eviction heap", 1),
+    (heap_entry_malformed, "eviction heap", 1),
+    (heap_holds_a_node_of_another_tree, "eviction heap", 1),
+    (clock_behind_the_timestamps, "clock", 1),
+    (root_holds_a_token, "root", 1),
+    (counter_not_an_int, "counters", 1),
+    (held_slot_record_off, "held slots", 1),
+    (held_slot_record_off, "held slots", 2),
 ]
 
 
@@ -200,5 +311,26 @@ def test_global_counter_errors_have_no_node() -> None:
     assert caught.value.node is None
 
 
-def test_at_least_eight_distinct_rules_are_covered() -> None:
-    assert len({invariant for _, invariant, _ in CASES}) >= 8
+def test_every_invariant_check_integrity_names_has_a_mutation() -> None:
+    # Every rule the module can report (the first argument of each IntegrityError it raises) is
+    # broken on purpose above, except "readable state", the net under the typed checks (next test).
+    source = inspect.getsource(radix_manager)
+    named = set(re.findall(r'IntegrityError\(\s*"([^"]+)"', source))
+    covered = {invariant for _, invariant, _ in CASES}
+    assert named - covered == {"readable state"}, named - covered
+    assert covered <= named
+
+
+def test_state_too_broken_to_read_is_an_integrity_error_not_a_crash() -> None:
+    manager = healthy_tree()
+    node(manager, 9).children = None  # type: ignore[assignment]
+    with pytest.raises(IntegrityError) as caught:
+        manager.check_integrity()
+    assert caught.value.invariant == "readable state" and "AttributeError" in str(caught.value)
+
+
+def test_evict_on_a_counter_that_lies_raises_integrity_error_not_index_error() -> None:
+    manager = healthy_tree()
+    manager._heap.clear()
+    with pytest.raises(IntegrityError, match="evictable_size"):
+        manager.evict(1)

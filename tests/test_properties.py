@@ -23,6 +23,7 @@ least recently used pages first.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
@@ -170,7 +171,7 @@ class RadixLifecycleMachine(RuleBasedStateMachine):
 
     def draw_prompt(self, data: st.DataObject) -> list[int]:
         ids = data.draw(prompts_like(self.history, self.page_size), label="prompt")
-        self.history = (self.history + [ids])[-8:]
+        self.history = [*self.history, ids][-8:]
         return ids
 
     # -- rules ----------------------------------------------------------------
@@ -219,7 +220,7 @@ class RadixLifecycleMachine(RuleBasedStateMachine):
         if evicted_now:
             held = set(tree_slots(self.manager))
             evicted = [s for page in self.ref.slots.values() for s in page if s not in held]
-            self.ref.check_and_apply_eviction(evicted, shortfall, self.running + [request])
+            self.ref.check_and_apply_eviction(evicted, shortfall, [*self.running, request])
             event("admit: evicted to make room")
         else:
             assert shortfall == 0
@@ -303,7 +304,7 @@ class RadixLifecycleMachine(RuleBasedStateMachine):
 
     def times_follow_the_reference_order(self, entries: dict[PageKey, Entry]) -> None:
         ordered = sorted(entries, key=lambda key: self.ref.last_used[key])
-        for earlier, later in zip(ordered, ordered[1:]):
+        for earlier, later in itertools.pairwise(ordered):
             ref_earlier, ref_later = self.ref.last_used[earlier], self.ref.last_used[later]
             tree_earlier, tree_later = entries[earlier].timestamp, entries[later].timestamp
             if ref_earlier == ref_later:

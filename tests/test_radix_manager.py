@@ -69,7 +69,7 @@ def test_a_fresh_node_is_an_empty_parentless_leaf() -> None:
     node = RadixTreeNode(timestamp=7)
     assert node.is_root() and node.is_leaf()
     assert node.length == 0 and node.ref_count == 0 and node.timestamp == 7
-    assert node.key.numel() == 0 and node.value.numel() == 0
+    assert len(node.key) == 0 and len(node.value) == 0
     assert RadixTreeNode().uid != RadixTreeNode().uid
 
 
@@ -104,7 +104,7 @@ def test_split_at_puts_a_new_upper_node_in_the_old_ones_place() -> None:
     node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
     node.set_parent(root)
     node.ref_count, node.timestamp = 2, 9
-    upper = node._split_at(1)
+    upper = node.split_at(1)
     assert root.children == {1: upper} and upper.children == {2: node}
     assert node.parent is upper and upper.parent is root
     assert upper.key.tolist() == [1] and upper.value.tolist() == [10]
@@ -119,7 +119,7 @@ def test_split_at_refuses_a_cut_outside_the_node(pos: int) -> None:
     node = make_node([1, 2, 3, 4], [10, 11, 12, 13])
     node.set_parent(root)
     with pytest.raises(ArgumentError, match="pos"):
-        node._split_at(pos)
+        node.split_at(pos)
     assert root.children == {1: node} and node.length == 4
 
 
@@ -257,7 +257,7 @@ def test_insert_converts_int64_and_list_indices_to_int32() -> None:
     manager.insert_prefix([1, 2], torch.tensor([3, 4], dtype=torch.int64))
     manager.insert_prefix([7], [8])
     for _, node in nodes_with_prefix(manager):
-        assert node.value.dtype == torch.int32 and node.key.dtype == torch.int64
+        assert node.value.dtype == torch.int32 and node.key.dtype == np.int64
     manager.check_integrity()
 
 
@@ -308,7 +308,7 @@ def test_insert_refuses_slots_that_do_not_fit_int32(slots: object) -> None:
 def test_insert_keeps_int64_token_keys_whatever_the_key_dtype() -> None:
     node = RadixTreeNode()
     node.set_key_value(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))
-    assert node.key.dtype == torch.int64 and node.get_match_len(np.array([1, 2, 3])) == 2
+    assert node.key.dtype == np.int64 and node.get_match_len(np.array([1, 2, 3])) == 2
 
 
 # -- lock_handle ------------------------------------------------------------------
@@ -580,6 +580,300 @@ def test_a_device_named_with_an_index_is_the_same_device() -> None:
 def test_a_cuda_manager_keeps_values_on_the_gpu() -> None:
     manager = RadixCacheManager(device=torch.device("cuda", 0))
     manager.insert_prefix([1, 2, 3], torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda:0"))
-    handle, indices = manager.match_prefix([1, 2])
+    _, indices = manager.match_prefix([1, 2])
     assert indices.is_cuda and indices.tolist() == [0, 1]
+    manager.check_integrity()
+
+
+# -- the public reading interface: clock, walk, nodes, path_of, evictable_leaves ---
+
+
+def test_the_clock_is_read_only_and_tick_advances_it(hello_tree: RadixCacheManager) -> None:
+    before = hello_tree.clock
+    assert hello_tree.tick() == before + 1 == hello_tree.clock
+    with pytest.raises(AttributeError):
+        hello_tree.clock = 0  # type: ignore[misc]
+    hello_tree.match_prefix([1, 2])
+    assert hello_tree.clock == before + 2  # one tick per walk
+
+
+def test_walk_is_the_match_walk_it_splits_and_stamps(hello_tree: RadixCacheManager) -> None:
+    node, matched = hello_tree.walk([1, 2, 3, 9])
+    assert matched == 3 and node.key.tolist() == [3] and node.timestamp == hello_tree.clock
+    node, matched = hello_tree.walk(np.array([1, 9]))
+    assert matched == 1 and node.key.tolist() == [1] and hello_tree.num_nodes == 5
+    hello_tree.check_integrity()
+
+
+def test_nodes_lists_every_node_but_the_root_parents_first(hello_tree: RadixCacheManager) -> None:
+    seen: set[int] = set()
+    for node in hello_tree.nodes():
+        assert node.parent is not None and (node.parent.is_root() or node.parent.uid in seen)
+        seen.add(node.uid)
+    assert len(seen) == hello_tree.num_nodes
+
+
+def test_path_of_is_the_handles_node_and_its_ancestors(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([1, 2, 4, 5])
+    assert [n.key.tolist() for n in hello_tree.path_of(handle)] == [[4, 5], [1, 2]]
+    assert hello_tree.path_of(RadixCacheHandle(0, hello_tree.root_node)) == []
+
+
+def test_evictable_leaves_come_in_the_order_evict_takes_them() -> None:
+    manager = RadixCacheManager()
+    for i, ids in enumerate([[1, 2], [1, 3], [4], [5, 6], [5, 7]]):
+        manager.insert_prefix(ids, [10 * i + j for j in range(len(ids))])
+    manager.match_prefix([4])
+    order = [tuple(n.key.tolist()) for n in manager.evictable_leaves()]
+    taken = []
+    while manager.size_info.evictable_size:
+        leaves = manager.evictable_leaves()
+        freed = manager.evict(1)
+        assert freed.tolist() == leaves[0].value.tolist()
+        taken.append(tuple(leaves[0].key.tolist()))
+    assert order == [(2,), (3,), (6,), (7,), (4,)]  # by last use; [4] was matched last
+    assert taken == [(2,), (3,), (1,), (6,), (7,), (5,), (4,)]  # parents join once they are leaves
+
+
+# -- insert_prefix(..., handle=): continue from the request's own locked match ---
+
+
+def serve_one(manager: RadixCacheManager, ids: list[int], next_slot: list[int], use_handle: bool) -> int:
+    """Match ids[:-1], lock, take fresh slots for the rest, insert, unlock (as a server does)."""
+    handle, matched = manager.match_prefix(ids[:-1])
+    manager.lock_handle(handle)
+    fresh = list(range(next_slot[0], next_slot[0] + len(ids) - handle.cached_len))
+    next_slot[0] += len(fresh)
+    row = matched.tolist() + fresh
+    already = manager.insert_prefix(ids, row, handle=handle if use_handle else None)
+    manager.lock_handle(handle, unlock=True)
+    return already
+
+
+def observable(manager: RadixCacheManager) -> object:
+    return (tree_entries(manager), manager.size_info, manager.num_nodes, manager.clock)
+
+
+@given(
+    page_size=st.sampled_from([1, 2, 4]),
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=14), min_size=1, max_size=12),
+    evictions=st.lists(st.integers(0, 6), max_size=12),
+)
+@settings(REPRODUCIBLE, max_examples=150)
+def test_insert_from_the_handle_gives_what_a_full_walk_gives(
+    page_size: int, prompts: list[list[int]], evictions: list[int]
+) -> None:
+    walked, handed = RadixCacheManager(page_size=page_size), RadixCacheManager(page_size=page_size)
+    slots_a, slots_b = [0], [0]
+    for i, ids in enumerate(prompts):
+        slots_a[0] = slots_b[0] = max(slots_a[0], slots_b[0]) // page_size * page_size + page_size
+        assert serve_one(walked, ids, slots_a, False) == serve_one(handed, ids, slots_b, True)
+        size = min(evictions[i] if i < len(evictions) else 0, walked.size_info.evictable_size)
+        assert walked.evict(size).tolist() == handed.evict(size).tolist()
+        assert observable(walked) == observable(handed)
+        handed.check_integrity()
+
+
+def test_insert_from_a_handle_whose_node_was_split_meanwhile() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3])
+    handle, _ = manager.match_prefix([1, 2, 3, 4])
+    manager.lock_handle(handle)
+    manager.match_prefix([1, 2, 9])  # splits the handle's node: it keeps ending where it ended
+    assert manager.insert_prefix([1, 2, 3, 4, 5], [0, 1, 2, 3, 4], handle=handle) == 4
+    manager.lock_handle(handle, unlock=True)
+    assert keys_by_depth(manager)[(1, 2, 3, 4, 5)] == (4,)
+    manager.check_integrity()
+
+
+def test_insert_from_a_handle_finds_what_others_inserted_meanwhile() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2], [0, 1])
+    handle, _ = manager.match_prefix([1, 2])
+    manager.lock_handle(handle)
+    manager.insert_prefix([1, 2, 3, 4], [0, 1, 7, 8])  # another request, finished first
+    assert manager.insert_prefix([1, 2, 3, 4, 5], [0, 1, 2, 3, 4], handle=handle) == 4
+    manager.lock_handle(handle, unlock=True)
+    manager.check_integrity()
+
+
+def test_a_forged_handle_is_refused_and_changes_nothing(hello_tree: RadixCacheManager) -> None:
+    handle, _ = hello_tree.match_prefix([1, 2, 4, 5])
+    hello_tree.lock_handle(handle)
+    before = manager_snapshot(hello_tree)
+    with pytest.raises(ArgumentError, match="handle"):  # the right node, but a cached_len it does not hold
+        hello_tree.insert_prefix([1, 2, 4, 5, 6], [10, 11, 13, 14, 15], handle=RadixCacheHandle(3, handle.node))
+    with pytest.raises(ArgumentError, match="handle"):  # a length and node of another prompt
+        hello_tree.insert_prefix([1, 2, 3, 5, 6], [10, 11, 12, 14, 15], handle=handle)
+    assert manager_snapshot(hello_tree) == before
+
+
+# -- issue 12 regressions ------------------------------------------------------------
+
+
+def test_unlock_where_only_a_deeper_lock_passes_is_refused() -> None:
+    # Issue 12 #1: [1, 2] was never locked, but the lock on [1, 2, 3] passes through it.
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    manager.insert_prefix([1, 2, 4], [0, 1, 3])
+    deep, _ = manager.match_prefix([1, 2, 3])
+    other, _ = manager.match_prefix([1, 2, 4])
+    manager.lock_handle(deep)
+    manager.lock_handle(other)
+    shallow, _ = manager.match_prefix([1, 2])
+    before = manager_snapshot(manager)
+    with pytest.raises(LockError, match="no lock of its own"):
+        manager.lock_handle(shallow, unlock=True)
+    assert manager_snapshot(manager) == before
+    manager.check_integrity()
+    # The real owners unlock as usual, and then everything can go.
+    manager.lock_handle(deep, unlock=True)
+    manager.lock_handle(other, unlock=True)
+    assert sorted(manager.evict(manager.size_info.evictable_size).tolist()) == [0, 1, 2, 3]
+    manager.check_integrity()
+    manager.reset()
+
+
+def test_a_split_keeps_the_own_lock_with_the_handles_node() -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    handle, _ = manager.match_prefix([1, 2, 3])
+    manager.lock_handle(handle)
+    upper, _ = manager.match_prefix([1])  # splits: [1] over [2, 3]
+    with pytest.raises(LockError):
+        manager.lock_handle(upper, unlock=True)
+    manager.lock_handle(handle, unlock=True)
+    assert manager.size_info == SizeInfo(3, 0)
+    manager.check_integrity()
+
+
+def test_lock_unlock_cycles_do_not_pile_up_in_the_heap() -> None:
+    # Issue 12 #3: each cycle queued another live entry, and compaction kept them all.
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2], [0, 1])
+    handle, _ = manager.match_prefix([1, 2])
+    for _ in range(9000):
+        manager.lock_handle(handle)
+        manager.lock_handle(handle, unlock=True)
+    assert len(manager._heap) <= 2 * manager.num_nodes + 64 + 1
+    manager.check_integrity()
+    assert manager.evict(1).tolist() == [0, 1]
+
+
+def test_insert_refuses_a_slot_another_node_holds_and_evict_returns_each_slot_once() -> None:
+    # Issue 12 #6.
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2], [0, 1])
+    before = manager_snapshot(manager)
+    with pytest.raises(ArgumentError, match="already held"):
+        manager.insert_prefix([5, 6], [7, 1])
+    assert manager_snapshot(manager) == before
+    manager.insert_prefix([5, 6], [7, 8])
+    freed = manager.evict(4).tolist()
+    assert sorted(freed) == [0, 1, 7, 8]
+    manager.insert_prefix([9], [1])  # evicted slots may be inserted again
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_a_refused_insert_does_not_split_tick_or_refresh(page_size: int) -> None:
+    # Issue 12 #9: validate before walking.
+    manager = RadixCacheManager(page_size=page_size)
+    pages = [t for t in (1, 2, 3, 4) for _ in range(page_size)]
+    manager.insert_prefix(pages, list(range(4 * page_size)))
+    before = manager_snapshot(manager)
+    diverging = pages[: 2 * page_size] + [9] * (2 * page_size)
+    bad_slots = list(range(2 * page_size)) + [40] * (2 * page_size)  # a repeated new slot
+    with pytest.raises(ArgumentError, match="indices"):
+        manager.insert_prefix(diverging, bad_slots)
+    if page_size > 1:
+        with pytest.raises(ArgumentError, match="whole page"):
+            manager.insert_prefix(diverging, [*range(2 * page_size), 41, 40, 43, 42])
+    assert manager_snapshot(manager) == before
+    manager.check_integrity()
+
+
+def test_uint64_ids_from_2_to_the_63_are_refused_not_wrapped() -> None:
+    # Issue 12 #8: np.uint64(2**63) used to become -2**63, a different prompt's id.
+    manager = RadixCacheManager()
+    manager.insert_prefix(np.array([2**63 - 1, 5], dtype=np.uint64), [0, 1])
+    with pytest.raises(ArgumentError, match="int64"):
+        manager.match_prefix(np.array([2**63, 5], dtype=np.uint64))
+    with pytest.raises(ArgumentError, match="int64"):
+        manager.match_prefix([2**63, 5])
+    assert manager.match_prefix(np.array([2**63 - 1, 5], dtype=np.uint64))[0].cached_len == 2
+
+
+def test_every_empty_result_is_a_fresh_tensor() -> None:
+    # The notes' shared empty_tensor: one caller resizing its "empty" result changed every later one.
+    manager = RadixCacheManager()
+    _, first = manager.match_prefix([1, 2])
+    first.resize_(3).fill_(7)
+    _, second = manager.match_prefix([3])
+    assert second.tolist() == [] and manager.evict(0).tolist() == [] and manager.reset().tolist() == []
+    assert second.dtype == torch.int32 and second.device == manager.device
+    assert manager.empty_tensor.tolist() == []
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [np.array([4, 5], dtype=np.int32), np.array([4, 5], dtype=np.uint16), torch.tensor([4, 5], dtype=torch.int16),
+     torch.tensor([4, 5], dtype=torch.uint8), (4, 5)],
+    ids=["numpy-int32", "numpy-uint16", "tensor-int16", "tensor-uint8", "tuple"],
+)  # fmt: skip
+def test_slots_are_accepted_in_every_form_token_ids_are(indices: object) -> None:
+    manager = RadixCacheManager()
+    manager.insert_prefix(np.array([1, 2]), indices)  # type: ignore[arg-type]
+    assert manager.match_prefix([1, 2])[1].tolist() == [4, 5]
+
+
+@given(
+    page_size=st.sampled_from([1, 2]),
+    prompts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=10), min_size=1, max_size=6),
+    steps=st.lists(st.tuples(st.sampled_from(["match", "lock", "unlock", "evict"]), st.integers(0, 30)), max_size=40),
+)
+@settings(REPRODUCIBLE, max_examples=150)
+def test_locks_count_per_node_against_a_ledger_of_handles(
+    page_size: int, prompts: list[list[int]], steps: list[tuple[str, int]]
+) -> None:
+    # The ledger: how many locks each handle's node holds of its own. An unlock is accepted exactly
+    # when the ledger says its node holds one, whatever deeper locks pass through it.
+    manager = RadixCacheManager(page_size=page_size)
+    next_page = 0
+    for ids in prompts:
+        ids = [t for t in ids for _ in range(page_size)]
+        manager.insert_prefix(ids, list(range(next_page * page_size, (next_page + len(ids) // page_size) * page_size)))
+        next_page += len(ids) // page_size
+    handles: list[RadixCacheHandle] = []
+    own: dict[int, int] = {}
+    for kind, pick in steps:
+        if kind == "match" or not handles:
+            ids = [t for t in prompts[pick % len(prompts)] for _ in range(page_size)]
+            handles.append(manager.match_prefix(ids[: 1 + pick % len(ids)])[0])
+            continue
+        handle = handles[pick % len(handles)]
+        if handle.cached_len == 0 or handle.node.is_evicted():
+            continue
+        key = handle.node.uid
+        if kind == "lock":
+            manager.lock_handle(handle)
+            own[key] = own.get(key, 0) + 1
+        elif kind == "unlock":
+            if own.get(key, 0) > 0:
+                manager.lock_handle(handle, unlock=True)
+                own[key] -= 1
+            else:
+                before = manager_snapshot(manager)
+                with pytest.raises(LockError):
+                    manager.lock_handle(handle, unlock=True)
+                assert manager_snapshot(manager) == before
+        else:
+            manager.evict(min(pick, manager.size_info.evictable_size))
+        manager.check_integrity()
+    for handle in handles:
+        while own.get(handle.node.uid, 0) > 0:
+            manager.lock_handle(handle, unlock=True)
+            own[handle.node.uid] -= 1
+    assert manager.size_info.protected_size == 0
+    manager.reset()
     manager.check_integrity()

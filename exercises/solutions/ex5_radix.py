@@ -48,10 +48,12 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 # The **manager** holds `manager.root_node` (no tokens, `ref_count` 1, never locked,
 # split or evicted), `manager.page_size`, and two counters: `manager.evictable_size`
 # (slots in nodes with `ref_count == 0`) and `manager.protected_size` (the rest). Time is
-# a logical clock: `manager._tick()` advances it and returns the new time.
+# a logical clock: `manager.tick()` advances it and returns the new time, and
+# `manager.clock` reads it.
 #
 # Your functions keep the tree and the counters right, but not minikv's private
-# bookkeeping: its heap of evictable leaves and its node counter. So don't mix your
+# bookkeeping: its heap of evictable leaves, its node counter, the locks each node
+# holds of its own and its record of which slots the tree holds. So don't mix your
 # functions with minikv's `match_prefix`, `insert_prefix` or `evict` on the same tree.
 # The checker never does.
 #
@@ -199,7 +201,7 @@ check("radix.lock_handle", lock_handle)
 # Write `walk(manager, input_ids) -> (node, prefix_len)`, the descent that `match_prefix`
 # and `insert_prefix` both start with. `input_ids` is a 1-D `int64` NumPy array.
 #
-# 1. Take the time of this walk once: `now = manager._tick()`.
+# 1. Take the time of this walk once: `now = manager.tick()`.
 # 2. From the root, look up the child filed under the next token:
 #    `node.children.get(child_key(input_ids[prefix_len:], page_size))`. No child: stop.
 # 3. Count how many of its tokens match. If all of them do, move into the child, stamp
@@ -214,7 +216,7 @@ check("radix.lock_handle", lock_handle)
 # ```{admonition} Hint 1: the loop
 # :class: dropdown
 # `while prefix_len < total:` with `total` the page-aligned length. Compare with
-# `match_len(child.key.numpy(), input_ids[prefix_len:total])`, round down with
+# `match_len(child.key, input_ids[prefix_len:total])`, round down with
 # `matched -= matched % page_size`, and add it to `prefix_len`.
 # ```
 #
@@ -230,14 +232,14 @@ check("radix.lock_handle", lock_handle)
 def walk(manager: RadixCacheManager, input_ids: np.ndarray) -> tuple[RadixTreeNode, int]:
     ### BEGIN SOLUTION
     page_size = manager.page_size
-    now = manager._tick()
+    now = manager.tick()
     node, prefix_len = manager.root_node, 0
     total = len(input_ids) - len(input_ids) % page_size
     while prefix_len < total:
         child = node.children.get(child_key(input_ids[prefix_len:], page_size))
         if child is None:
             break
-        matched = match_len(child.key.numpy(), input_ids[prefix_len:total])
+        matched = match_len(child.key, input_ids[prefix_len:total])
         matched -= matched % page_size
         prefix_len += matched
         if matched < child.length:
@@ -261,10 +263,10 @@ check("radix.walk", walk)
 #
 # * Only whole pages go in: the first `len(input_ids) - len(input_ids) % page_size`
 #   tokens. The caller frees the rest.
-# * Walk down with `manager._walk(aligned_ids)`, which returns `(node, prefix_len)`.
+# * Walk down with `manager.walk(aligned_ids)`, which returns `(node, prefix_len)`.
 #   minikv's walk is allowed here, and so is yours.
 # * If part of the aligned prefix is new, hang one new leaf under `node` with those
-#   tokens and slots, timestamped `manager._clock` (the time of that walk), and add its
+#   tokens and slots, timestamped `manager.clock` (the time of that walk), and add its
 #   length to `evictable_size`.
 # * Return `prefix_len`: how much was already cached.
 #
@@ -284,9 +286,9 @@ def page_aligned_insert(manager: RadixCacheManager, input_ids: np.ndarray, indic
     ### BEGIN SOLUTION
     page_size = manager.page_size
     aligned = len(input_ids) - len(input_ids) % page_size
-    node, prefix_len = manager._walk(input_ids[:aligned])
+    node, prefix_len = manager.walk(input_ids[:aligned])
     if prefix_len < aligned:
-        leaf = RadixTreeNode(manager._clock)
+        leaf = RadixTreeNode(manager.clock)
         leaf.set_key_value(torch.from_numpy(input_ids[prefix_len:aligned].copy()), indices[prefix_len:aligned].clone())
         leaf.set_parent(node, page_size)
         manager.evictable_size += leaf.length
@@ -323,7 +325,7 @@ check("radix.page_aligned_insert", page_aligned_insert)
 # ```{admonition} Hint 2: the loop
 # :class: dropdown
 # `while freed < size`: pop the oldest, delete it from `parent.children` (its key is
-# `child_key(node.key.numpy(), manager.page_size)`), count it, and push the parent if it
+# `child_key(node.key, manager.page_size)`), count it, and push the parent if it
 # is not the root, has no children left and has `ref_count == 0`. Finding enough is
 # guaranteed once `size <= evictable_size`: a locked node's ancestors are locked, so every
 # unlocked node can be reached by evicting leaves.
@@ -351,7 +353,7 @@ def evict(manager: RadixCacheManager, size: int) -> torch.Tensor:
     while freed < size:
         _, _, node = heapq.heappop(heap)
         parent = node.parent
-        del parent.children[child_key(node.key.numpy(), manager.page_size)]
+        del parent.children[child_key(node.key, manager.page_size)]
         manager.evictable_size -= node.length
         freed += node.length
         evicted.append(node.value)
@@ -426,7 +428,7 @@ def check_integrity(manager: RadixCacheManager) -> None:
                 raise IntegrityError(
                     "key/value length", f"{len(node.key)} tokens, {len(node.value)} slots, length {node.length}", node
                 )
-            if child_key(node.key.numpy(), page_size) != key:
+            if child_key(node.key, page_size) != key:
                 raise IntegrityError("child key", f"filed under {key!r}", node)
             if node.ref_count < 0:
                 raise IntegrityError("ref_count", f"negative ref_count {node.ref_count}", node)
