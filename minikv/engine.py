@@ -514,7 +514,7 @@ class Engine:
         slots = self.req_to_token[request.row, :aligned].clone()
         ids = torch.from_numpy(request.token_ids[:aligned])
         with self._cache_time():
-            already = self.cache.insert_prefix(ids, slots)
+            already = self.cache.insert_prefix(ids, slots, handle=request.handle)
             handle, tree_slots = self.cache.match_prefix(ids)
             self.cache.lock_handle(handle)
             self.cache.lock_handle(request.handle, unlock=True)
@@ -538,7 +538,8 @@ class Engine:
         slots = self.req_to_token[request.row, : request.num_slots].clone()
         cached = request.cached_len
         with self._cache_time():
-            already = self.cache.insert_prefix(torch.from_numpy(request.token_ids[:kv]), slots[:kv])
+            ids = torch.from_numpy(request.token_ids[:kv])
+            already = self.cache.insert_prefix(ids, slots[:kv], handle=request.handle)
             if already > cached:  # duplicates of what another request inserted meanwhile
                 self.pool.free(slots[cached:already])
             tail = max(kv - kv % self.page_size, cached)  # the partial last page, and pages never written

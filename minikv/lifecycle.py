@@ -180,7 +180,8 @@ def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
     _check_manager_and_pool(manager, pool)
     _check_owner(request, manager, pool)
 
-    already = manager.insert_prefix(request.input_ids, request.indices)
+    # From the request's own locked match: the walk goes on below it instead of starting at the root.
+    already = manager.insert_prefix(request.input_ids, request.indices, handle=request.handle)
     request.already_cached = already  # from here on the tree owns what it took
     request.trace.append(Step(4, "insert_prefix", f"{already} tokens were already cached"))
 

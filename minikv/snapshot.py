@@ -310,8 +310,6 @@ def _child_order(view: NodeView) -> tuple[Any, ...]:
 
 def _clock_of(manager: Any) -> int | None:
     clock = getattr(manager, "clock", None)
-    if clock is None:  # COMPAT(viz): remove at merge, once RadixCacheManager has the public `clock`
-        clock = getattr(manager, "_clock", None)
     return None if clock is None else int(clock)
 
 
