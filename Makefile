@@ -4,9 +4,8 @@
 #   make lint   ruff (lint + format) and mypy, with the versions pinned in requirements.txt
 PY := .venv/bin/python
 PYTEST_FLAGS ?= -n 2 --dist loadfile
-# `make test` runs these first. Empty for now; set to `lint` once the tree is clean, so that the
-# README's test command (and CI, which runs it) also checks lint and types.
-TEST_FIRST ?=
+# `make test` runs these first, so the README's test command (and CI) also checks lint and types.
+TEST_FIRST ?= lint
 
 .PHONY: book test lint setup clean
 

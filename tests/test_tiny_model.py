@@ -68,7 +68,7 @@ def test_keys_depend_on_position(model: TinyDecoder) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
 def test_prefill_without_cache_equals_forward(model: TinyDecoder, layout: KVCacheLayout, page_size: int) -> None:
-    prompt = SYSTEM + [1, 2, 3]
+    prompt = [*SYSTEM, 1, 2, 3]
     cache = make_cache(model, layout, page_size)
     indices = PagePool(16, page_size).allocate(len(prompt))
     logits = model.prefill(prompt, cache, indices, 0)
@@ -83,7 +83,7 @@ def test_prefill_after_cached_prefix_equals_forward(model: TinyDecoder, layout: 
         PagePool(16, page_size),
         make_cache(model, layout, page_size),
     )
-    first, second = SYSTEM + [1, 2, 3], SYSTEM + [50, 51, 52, 53]
+    first, second = [*SYSTEM, 1, 2, 3], [*SYSTEM, 50, 51, 52, 53]
 
     logits, cached = serve_through_cache(model, manager, pool, cache, first)
     assert cached == 0
@@ -97,8 +97,8 @@ def test_prefill_after_cached_prefix_equals_forward(model: TinyDecoder, layout: 
 
 
 def test_triton_store_backend_gives_the_same_logits_and_rows(model: TinyDecoder) -> None:
-    """One small case through the Triton kernel (interpreted on CPU): the cache rows match the torch path bit for bit."""
-    prompt = SYSTEM + [1, 2]
+    """One small case through the Triton kernel (interpreted on CPU): cache rows match the torch path bit for bit."""
+    prompt = [*SYSTEM, 1, 2]
     indices = torch.tensor([3, 2, 1, 0, 4, 5, 6, 7, 12, 13, 14], dtype=torch.int32)  # pages out of order
     caches = {}
     for backend in ("torch", "triton"):
@@ -164,7 +164,7 @@ def test_freeing_the_trees_slots_corrupts_later_requests(model: TinyDecoder, pag
     num_pages = 32 // page_size
     manager, pool = RadixCacheManager(page_size=page_size), PagePool(num_pages, page_size)
     cache = make_cache(model, KVCacheLayout.LayerFirst, page_size, num_pages)
-    first, second = SYSTEM + [1, 2, 3], SYSTEM + [50, 51, 52, 53]
+    first, second = [*SYSTEM, 1, 2, 3], [*SYSTEM, 50, 51, 52, 53]
     serve_through_cache(model, manager, pool, cache, first)
 
     request = admit(manager, pool, second)
@@ -185,7 +185,7 @@ def test_freeing_the_trees_slots_corrupts_later_requests(model: TinyDecoder, pag
     model.prefill(stranger, cache, intruder.indices, 0)
 
     # The second prompt continued by one token: served from the cache, its logits are now wrong.
-    follow_up = second + [7]
+    follow_up = [*second, 7]
     request = admit(manager, pool, follow_up)
     assert request.cached_len == len(second) - len(second) % page_size
     logits = model.prefill(follow_up, cache, request.indices, request.cached_len)

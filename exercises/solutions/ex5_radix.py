@@ -35,7 +35,7 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 #
 # | attribute or method | what it is |
 # | --- | --- |
-# | `node.key`, `node.value` | the tokens (CPU `int64` tensor) and their slots (`int32` tensor), equally long |
+# | `node.key`, `node.value` | the tokens (a NumPy `int64` array) and their slots (`int32` tensor), equally long |
 # | `node.length` | how many tokens the node holds |
 # | `node.parent`, `node.children` | the parent node, and a dict from a child's first token to the child (with `page_size > 1`, from the tuple of its first page of tokens) |
 # | `node.ref_count` | how many locks cover the node; 0 means it may be evicted |

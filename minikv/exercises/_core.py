@@ -78,7 +78,9 @@ class Exercise:
 REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(exercise_id: str, title: str, forbid: tuple[tuple[object, str], ...] = ()) -> Callable:
+def exercise(
+    exercise_id: str, title: str, forbid: tuple[tuple[object, str], ...] = ()
+) -> Callable[[Callable[[], list[Case]]], Callable[[], list[Case]]]:
     """Register a function that builds the cases of ``exercise_id``."""
 
     def register(make_cases: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
@@ -217,7 +219,7 @@ def _where(tb: TracebackType | None) -> str:
     if not frames:
         return ""
     frame = frames[-1]
-    line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    line = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
     return f"in {frame.name}, at `{line}`" if line else f"in {frame.name}"
 
 

@@ -95,12 +95,14 @@ class CheckResult:
         colour = "#1a7f37" if self.passed else "#cf222e"
         parts = [
             '<div class="minikv-check" style="border-left: 4px solid ' + colour + '; padding: 0.3em 0.8em;">',
-            f'<p style="margin: 0.2em 0;"><strong style="color: {colour};">{_esc(self._verdict()[0])}</strong> {_esc(self._verdict()[1])}</p>',
+            f'<p style="margin: 0.2em 0;"><strong style="color: {colour};">{_esc(self._verdict()[0])}</strong> '
+            f"{_esc(self._verdict()[1])}</p>",
         ]
         failure = self.smallest_failure
         if failure is not None and not self.not_written:
             parts.append(
-                f'<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> {_esc(failure.description)}</p>'
+                '<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> '
+                f"{_esc(failure.description)}</p>"
             )
             parts.append(f'<p style="margin: 0.2em 0;"><strong>What went wrong:</strong> {_esc(failure.problem)}</p>')
             if failure.expected or failure.got:

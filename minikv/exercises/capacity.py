@@ -105,7 +105,7 @@ def _fit_cases() -> list[Case]:
 
 @exercise("capacity.cached_tokens_with_sharing", "KV rows a perfect prefix cache stores for a set of prompts")
 def _sharing_cases() -> list[Case]:
-    prompt_sets = [
+    prompt_sets: list[tuple[str, list[list[int]]]] = [
         ("no prompts", []),
         ("one empty prompt", [[]]),
         ("one prompt of 4 tokens", [[1, 2, 3, 4]]),

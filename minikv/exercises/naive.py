@@ -8,6 +8,7 @@ the wrong way about what is "already cached" leaks slots, and the pool shows it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_equal, 
 _F = Callable[..., object]
 
 
-def _make(fn: _F) -> object:
+def _make(fn: _F) -> Any:
     return call(fn, "cpu")
 
 
