@@ -43,7 +43,7 @@ class FullScanRadixCacheManager(RadixCacheManager):
     That is what mini-sglang's old code did (collect all unlocked leaves, heapify,
     pop). Everything after the rebuild -- popping, unlinking, pushing a parent
     that became a leaf -- is the shipped code, so the two differ only in the scan.
-    Relies on one internal: the heap ``_evictable_leaves`` of ``(timestamp, uid, node)``.
+    Relies on one internal of its parent class: the heap ``_heap`` of ``(timestamp, uid, node)``.
     """
 
     def evict(self, size: int) -> torch.Tensor:
@@ -57,7 +57,7 @@ class FullScanRadixCacheManager(RadixCacheManager):
                 elif node.ref_count == 0:
                     leaves.append((node.timestamp, node.uid, node))
             heapq.heapify(leaves)
-            self._evictable_leaves = leaves
+            self._heap = leaves
         return super().evict(size)
 
 
@@ -184,7 +184,7 @@ def keys_of(node: RadixTreeNode) -> np.ndarray:
     """The full token sequence from the root to ``node``."""
     parts = []
     while node.parent is not None:
-        parts.append(node.key.numpy())
+        parts.append(node.key)
         node = node.parent
     return np.concatenate(parts[::-1])
 

@@ -603,7 +603,7 @@ def _split_variant(
         if link_lower:
             node.set_parent(upper, page_size)
         else:
-            upper.children[child_key(node.key.numpy(), page_size)] = node  # listed, but node.parent is stale
+            upper.children[child_key(node.key, page_size)] = node  # listed, but node.parent is stale
         return upper
 
     return split_at
@@ -624,14 +624,14 @@ WRONG["radix.split_at"] = [
 def _walk_variant(*, split: bool = True, stamp_lower: bool = False, align: bool = True, stamp: bool = True) -> Callable:
     def walk(manager, input_ids):
         ps = manager.page_size
-        now = manager._tick()
+        now = manager.tick()
         node, prefix_len = manager.root_node, 0
         total = len(input_ids) - len(input_ids) % ps if align else len(input_ids)
         while prefix_len < total:
             child = node.children.get(child_key(input_ids[prefix_len:], ps))
             if child is None:
                 break
-            matched = S["match_len"](child.key.numpy(), input_ids[prefix_len:total])
+            matched = S["match_len"](child.key, input_ids[prefix_len:total])
             if align:
                 matched -= matched % ps
             prefix_len += matched
@@ -725,7 +725,7 @@ def _evict_variant(
         while freed < size and heap:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
-            del parent.children[child_key(node.key.numpy(), manager.page_size)]
+            del parent.children[child_key(node.key, manager.page_size)]
             if count:
                 manager.evictable_size -= node.length
             freed += node.length
@@ -756,9 +756,9 @@ def _insert_variant(
     def page_aligned_insert(manager, input_ids, indices):
         ps = manager.page_size
         aligned = len(input_ids) - len(input_ids) % ps if align else len(input_ids)
-        node, prefix_len = manager._walk(input_ids[:aligned])
+        node, prefix_len = manager.walk(input_ids[:aligned])
         if prefix_len < aligned:
-            leaf = RadixTreeNode(manager._clock)
+            leaf = RadixTreeNode(manager.clock)
             value = indices[prefix_len:aligned]
             leaf.set_key_value(
                 torch.from_numpy(input_ids[prefix_len:aligned].copy()), value.clone() if clone else value
@@ -803,7 +803,7 @@ def _integrity_skipping(*rules: str) -> Callable:
                     raise IntegrityError("empty node", "")
                 if "lengths" not in rules and (len(node.key) != node.length or len(node.value) != node.length):
                     raise IntegrityError("key/value length", "")
-                if "key" not in rules and node.length and child_key(node.key.numpy(), ps) != key:
+                if "key" not in rules and node.length and child_key(node.key, ps) != key:
                     raise IntegrityError("child key", "")
                 if "negative" not in rules and node.ref_count < 0:
                     raise IntegrityError("ref_count", "")
