@@ -3,7 +3,7 @@
 :meth:`TreeSnapshot.of` walks a manager's tree once, through public attributes
 only (``root_node``, each node's ``children``, ``key``, ``value``,
 ``ref_count``, ``timestamp``, ``parent``), and changes nothing. What it
-returns is what the drawings (:mod:`minikv.viz`), the recorder, the exercise
+returns is what the drawings (``minikv.viz``), the recorder, the exercise
 checks, the tests and the book all look at:
 
 * a node is named by its *token path*, every token from the root to the end of
@@ -191,7 +191,7 @@ class TreeSnapshot:
     def of(cls, manager: Any, *, max_nodes: int | None = None) -> TreeSnapshot:
         """Read ``manager``'s tree without changing it (only public attributes are read).
 
-        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.TreeRecorder`
+        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
         around one, or any object with the same ``root_node`` structure. ``max_nodes``
         stops the walk of a broken tree (a node listed as its own descendant) with
         :class:`~minikv.errors.IntegrityError`.

@@ -4,7 +4,7 @@ A real tokenizer splits text into sub-word pieces; for a cache that makes no
 difference (it only ever sees token ids), so the book uses words: one id per
 distinct word, handed out in order of first appearance. The ids are therefore
 reproducible, and a :class:`Vocab` is also a ``Mapping`` from id to word, which
-the drawings in :mod:`minikv.viz` accept to show words instead of numbers::
+the drawings in ``minikv.viz`` accept to show words instead of numbers::
 
     vocab = Vocab()
     vocab.encode("Hello world Hello")   # [0, 1, 0]
