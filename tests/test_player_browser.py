@@ -39,7 +39,7 @@ def small_recording() -> TreeRecorder:
 
 @pytest.fixture(scope="module")
 def served_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    player = small_recording().player(interval_ms=120)
+    player = small_recording().player(interval_ms=120, open_at=0)  # from the first frame, whatever it shows
     root = tmp_path_factory.mktemp("player_page")
     (root / "index.html").write_text(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>player test</title></head><body>\n'

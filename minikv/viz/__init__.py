@@ -30,6 +30,7 @@ draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.vocab`.
 from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
 from ..vocab import Vocab  # re-exported: the book's examples import it from here
 from . import storage
+from .engine import EngineDrawing, draw_engine
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
@@ -37,6 +38,7 @@ from .storage import *  # noqa: F403  (its __all__ lists its public names)
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
 __all__ = [
+    "EngineDrawing",
     "Frame",
     "FramePlayer",
     "GraphvizMissingError",
@@ -49,6 +51,7 @@ __all__ = [
     "TreeSnapshot",
     "Vocab",
     "diff_snapshots",
+    "draw_engine",
     "draw_pool",
     "draw_snapshot",
     "draw_tree",
