@@ -1,0 +1,108 @@
+"""What the exercise-checker tests share: the solutions, the wrong-answer registry, the two chapter tests.
+
+Each exercise chapter has one test file, ``tests/test_exercises_<chapter>.py``, named after
+the prefix of its exercise ids (``radix.evict`` -> ``test_exercises_radix.py``). The file
+registers its plausible wrong implementations (mutants) in a :class:`WrongAnswers` and ends
+with :func:`chapter_tests`, which adds the two tests every chapter runs: each solution from
+``exercises/solutions/`` passes its check, and each wrong answer fails it with a readable
+report. ``test_exercises_core.py`` tests the checker machinery itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import minikv.exercises as exercises
+from minikv.exercises import check, exercise_ids
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION_FILES = sorted((REPO / "exercises" / "solutions").glob("ex*.py"))
+
+
+def _load_solutions() -> dict[str, dict]:
+    """Run every solution file with ``check`` switched off, keeping what each defines."""
+    real = exercises.check
+    exercises.check = lambda exercise_id, fn: None
+    try:
+        return {path.stem: runpy.run_path(str(path), run_name="solution") for path in SOLUTION_FILES}
+    finally:
+        exercises.check = real
+
+
+SOLUTIONS = _load_solutions()
+S = {name: value for namespace in SOLUTIONS.values() for name, value in namespace.items() if not name.startswith("_")}
+"""Every public name the solution files define, e.g. ``S["admit"]``, ``S["NaiveManager"]``."""
+
+
+def solution_for(exercise_id: str) -> Callable:
+    name = {"naive.manager": "NaiveManager"}.get(exercise_id, exercise_id.split(".", 1)[1])
+    return S[name]
+
+
+class WrongAnswers(dict[str, list[Callable]]):
+    """One chapter's wrong answers: exercise id -> the implementations its check must fail.
+
+    Register with the decorator ``@wrong(exercise_id)`` (``wrong = WRONG.register``) or
+    assign a list, ``WRONG[exercise_id] = [variant(bug=1), ...]``.
+    """
+
+    def register(self, exercise_id: str) -> Callable[[Callable], Callable]:
+        def add(fn: Callable) -> Callable:
+            self.setdefault(exercise_id, []).append(fn)
+            return fn
+
+        return add
+
+
+def chapter_ids(chapter: str) -> list[str]:
+    """The exercise ids of one chapter (``"radix"`` -> ``radix.match_len``, ...), in registry order."""
+    return [exercise_id for exercise_id in exercise_ids() if exercise_id.split(".", 1)[0] == chapter]
+
+
+def all_wrong_answers() -> dict[str, list[Callable]]:
+    """Every chapter file's wrong answers together (each file imported by its chapter's name)."""
+    merged: dict[str, list[Callable]] = {}
+    for chapter in dict.fromkeys(exercise_id.split(".", 1)[0] for exercise_id in exercise_ids()):
+        module = importlib.import_module(f"test_exercises_{chapter}")
+        for exercise_id, fns in module.WRONG.items():
+            merged.setdefault(exercise_id, []).extend(fns)
+    return merged
+
+
+def chapter_tests(chapter: str, wrong: WrongAnswers) -> tuple[Callable, Callable]:
+    """The two tests of a chapter file; call it at the end of the file, after every wrong answer.
+
+    Use as ``test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report =
+    chapter_tests("radix", WRONG)``: pytest collects them under those names, parametrized by
+    the chapter's exercise ids and by ``<exercise id>-<index in its list>``.
+    """
+
+    @pytest.mark.parametrize("exercise_id", chapter_ids(chapter))
+    def test_the_solution_passes(exercise_id: str) -> None:
+        result = check(exercise_id, solution_for(exercise_id))
+        assert result.passed, str(result)
+        assert str(result).startswith(f"✓ {exercise_id}: all ")
+
+    cases = [(exercise_id, fn) for exercise_id, fns in wrong.items() for fn in fns]
+
+    @pytest.mark.parametrize(
+        ("exercise_id", "fn"), cases, ids=[f"{e}-{i}" for e, fns in wrong.items() for i in range(len(fns))]
+    )
+    def test_a_wrong_answer_fails_with_a_readable_report(exercise_id: str, fn: Callable) -> None:
+        result = check(exercise_id, fn)
+        assert not result.passed, f"{exercise_id}: the checker passed a wrong answer ({getattr(fn, '__name__', fn)})"
+        assert not result.not_written
+        failure = result.smallest_failure
+        assert failure is not None and failure.problem
+        assert "the checker could not use" not in failure.problem, failure.problem
+        text, page = str(result), result._repr_html_()
+        assert "Smallest failing case:" in text and failure.description in text
+        assert "Smallest failing case:" in page
+        assert str(REPO) not in text and str(REPO) not in page
+
+    return test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report

@@ -1,0 +1,124 @@
+"""Exercise 2's checks (``minikv.exercises.lifecycle``): admit, finish and serve mistakes, and the slots to free.
+
+Wrong answers (mutants) and how they run: ``exercise_helpers.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from exercise_helpers import S, WrongAnswers, chapter_tests
+
+WRONG = WrongAnswers()
+wrong = WRONG.register
+
+
+@wrong("lifecycle.slots_to_free")
+def free_the_notes_way(indices, cached_len, already_cached, page_size):
+    return indices[:already_cached]  # frees slots the tree still holds
+
+
+@wrong("lifecycle.slots_to_free")
+def free_without_tail(indices, cached_len, already_cached, page_size):
+    return indices[cached_len:already_cached]
+
+
+@wrong("lifecycle.slots_to_free")
+def free_everything_new(indices, cached_len, already_cached, page_size):
+    return indices[cached_len:]
+
+
+def admit_matching_the_whole_prompt(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids)  # the notes' match: nothing left to compute
+    manager.lock_handle(handle)
+    try:
+        new_slots = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
+    except Exception:
+        manager.lock_handle(handle, unlock=True)
+        raise
+    return handle, torch.cat([matched, new_slots])
+
+
+def admit_without_lock(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids[:-1])
+    return handle, torch.cat([matched, pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)])
+
+
+def admit_locks_after_allocating(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids[:-1])
+    new = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
+    manager.lock_handle(handle)
+    return handle, torch.cat([matched, new])
+
+
+def admit_keeps_lock_on_failure(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids[:-1])
+    manager.lock_handle(handle)
+    return handle, torch.cat([matched, pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)])
+
+
+def admit_locks_twice(manager, pool, input_ids):
+    handle, indices = S["admit"](manager, pool, input_ids)
+    manager.lock_handle(handle)
+    return handle, indices
+
+
+WRONG["lifecycle.admit"] = [
+    admit_matching_the_whole_prompt,
+    admit_without_lock,
+    admit_locks_after_allocating,
+    admit_keeps_lock_on_failure,
+    admit_locks_twice,
+]
+
+
+def _finish_freeing(choose: Callable, unlock: bool = True) -> Callable:
+    def finish(manager, pool, input_ids, handle, indices):
+        already = manager.insert_prefix(input_ids, indices)
+        pool.free(choose(indices, handle.cached_len, already, manager.page_size))
+        if unlock:
+            manager.lock_handle(handle, unlock=True)
+        return already
+
+    finish.__name__ = f"finish_{choose.__name__}{'' if unlock else '_no_unlock'}"
+    return finish
+
+
+WRONG["lifecycle.finish"] = [
+    _finish_freeing(free_the_notes_way),
+    _finish_freeing(free_without_tail),
+    _finish_freeing(lambda i, c, a, p: i[max(len(i) - len(i) % p, c) :]),  # frees the tail, keeps the duplicates
+    _finish_freeing(S["slots_to_free"], unlock=False),
+]
+
+
+def _serve_with(
+    admit: Callable, finish: Callable, start: Callable[[int], int] = lambda cached: cached, slots=None
+) -> Callable:
+    def serve(manager, pool, input_ids, kv_cache, kv_fn):
+        handle, indices = admit(manager, pool, input_ids)
+        own = indices[handle.cached_len :] if slots is None else slots(indices, handle.cached_len)
+        if len(own):
+            for layer in range(kv_cache.num_layers):
+                k, v = kv_fn(layer, input_ids, start(handle.cached_len))
+                kv_cache.store_kv(k, v, own, layer)
+        finish(manager, pool, input_ids, handle, indices)
+        return handle.cached_len
+
+    return serve
+
+
+WRONG["lifecycle.serve"] = [
+    _serve_with(admit_matching_the_whole_prompt, S["finish"]),
+    _serve_with(admit_keeps_lock_on_failure, S["finish"]),
+    _serve_with(admit_without_lock, S["finish"]),
+    _serve_with(S["admit"], _finish_freeing(free_the_notes_way)),
+    _serve_with(S["admit"], S["finish"], start=lambda cached: 0),  # K/V of every token into the new slots
+    _serve_with(S["admit"], S["finish"], slots=lambda indices, cached: indices[: len(indices) - cached]),  # wrong slots
+]
+
+
+# the two tests of every chapter (after the last wrong answer) -------------------------
+
+test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("lifecycle", WRONG)

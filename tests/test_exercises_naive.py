@@ -1,0 +1,36 @@
+"""Exercise 4's check of the naive manager (``minikv.exercises.naive``): subclasses that break one method.
+
+Wrong answers (mutants) and how they run: ``exercise_helpers.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from exercise_helpers import S, WrongAnswers, chapter_tests
+
+from minikv import NaiveCacheHandle
+
+WRONG = WrongAnswers()
+wrong = WRONG.register
+
+
+def _naive_variant(name: str, **overrides: Callable) -> type:
+    return type(name, (S["NaiveManager"],), overrides)
+
+
+WRONG["naive.manager"] = [
+    _naive_variant("InsertReturnsZero", insert_prefix=lambda self, ids, indices: 0),
+    _naive_variant("FloatEmptyTensor", match_prefix=lambda self, ids: (NaiveCacheHandle(0), torch.tensor([]))),
+    _naive_variant("EvictPretends", evict=lambda self, size: self.empty_tensor),
+    _naive_variant("InsertTrustsLengths", insert_prefix=lambda self, ids, indices: len(indices)),
+    _naive_variant(
+        "InsertReturnsTokensCount", insert_prefix=lambda self, ids, indices: len(ids) - 1 if len(ids) else 0
+    ),
+]
+
+
+# the two tests of every chapter (after the last wrong answer) -------------------------
+
+test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("naive", WRONG)

@@ -1,0 +1,211 @@
+"""Exercise 3's checks (``minikv.exercises.storage``): head splits, layouts, slot maps, torch and Triton stores.
+
+Wrong answers (mutants) and how they run: ``exercise_helpers.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from exercise_helpers import WrongAnswers, chapter_tests
+
+from minikv.exercises import check
+from minikv.kernels import use_interpreter_without_cuda
+
+WRONG = WrongAnswers()
+wrong = WRONG.register
+
+use_interpreter_without_cuda()  # before the @triton.jit below: Triton decides at decoration time
+
+
+@wrong("storage.tp_head_range")
+def heads_interleaved(num_kv_heads, tp_rank, tp_size):
+    return range(tp_rank, num_kv_heads, tp_size)
+
+
+@wrong("storage.tp_head_range")
+def heads_without_checks(num_kv_heads, tp_rank, tp_size):
+    local = num_kv_heads // tp_size
+    return range(tp_rank * local, (tp_rank + 1) * local)
+
+
+@wrong("storage.tp_head_range")
+def heads_by_rank_times_size(num_kv_heads, tp_rank, tp_size):
+    if num_kv_heads % tp_size or not 0 <= tp_rank < tp_size:
+        raise ValueError("bad split")
+    return range(tp_rank * tp_size, tp_rank * tp_size + num_kv_heads // tp_size)
+
+
+@wrong("storage.page_first_view")
+def view_by_reshape(buffer):
+    two, pages, layers, heads, dim = buffer.shape
+    return buffer.reshape(two, layers, pages, heads, dim)
+
+
+@wrong("storage.page_first_view")
+def view_that_copies(buffer):
+    return buffer.permute(0, 2, 1, 3, 4).contiguous()
+
+
+@wrong("storage.page_first_view")
+def view_swaps_heads(buffer):
+    return buffer.permute(0, 2, 1, 3, 4).flip(3)
+
+
+@wrong("storage.slot_mapping")
+def slots_are_positions(page_table, start, end, page_size):
+    return torch.arange(start, end)
+
+
+@wrong("storage.slot_mapping")
+def slots_from_page_ids(page_table, start, end, page_size):
+    positions = torch.arange(start, end)
+    return page_table[positions // page_size].long() + positions % page_size
+
+
+@wrong("storage.slot_mapping")
+def slots_end_inclusive(page_table, start, end, page_size):
+    positions = torch.arange(start, min(end + 1, len(page_table) * page_size))
+    return page_table[positions // page_size].long() * page_size + positions % page_size
+
+
+def _checked(store: Callable) -> Callable:
+    """Validation first (a correct part), so that only the bug under test differs."""
+
+    def checked(k_cache, v_cache, indices, k, v):
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= num_slots):
+            raise IndexError("slot out of range")
+        store(k_cache, v_cache, indices, k, v)
+
+    checked.__name__ = store.__name__
+    return checked
+
+
+@wrong("storage.store_torch")
+@_checked
+def store_torch_swaps_k_and_v(k_cache, v_cache, indices, k, v):
+    ps = k_cache.shape[1]
+    slots = indices.long()
+    k_cache[slots // ps, slots % ps] = v
+    v_cache[slots // ps, slots % ps] = k
+
+
+@wrong("storage.store_torch")
+@_checked
+def store_torch_through_reshape(k_cache, v_cache, indices, k, v):
+    heads, dim = k_cache.shape[2:]
+    k_cache.reshape(-1, heads, dim)[indices.long()] = k  # a copy when the cache is not contiguous
+    v_cache.reshape(-1, heads, dim)[indices.long()] = v
+
+
+@wrong("storage.store_torch")
+def store_torch_trusts_indices(k_cache, v_cache, indices, k, v):
+    ps = k_cache.shape[1]
+    slots = indices.long()
+    k_cache[slots // ps, slots % ps] = k
+    v_cache[slots // ps, slots % ps] = v
+
+
+@wrong("storage.store_torch")
+@_checked
+def store_torch_ignores_pages(k_cache, v_cache, indices, k, v):
+    slots = indices.long()
+    k_cache[slots, 0] = k
+    v_cache[slots, 0] = v
+
+
+@triton.jit
+def _buggy_store_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr,
+    num_tokens, page_size, num_heads, head_dim,
+    k_stride_t, k_stride_h, k_stride_d,
+    v_stride_t, v_stride_h, v_stride_d,
+    c_stride_p, c_stride_s, c_stride_h, c_stride_d,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr,
+):  # fmt: skip
+    # BUG 0: none; 1: K and V swapped; 2: V read with K's strides; 3: slot used as a page index.
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    t_ok = t < num_tokens
+    slot = tl.load(loc_ptr + t, mask=t_ok, other=0).to(tl.int64)
+    if BUG == 3:
+        page = slot
+        row = slot * 0
+    else:
+        page = slot // page_size
+        row = slot % page_size
+    t3 = t.to(tl.int64)[:, None, None]
+    h3 = h[None, :, None]
+    d3 = d[None, None, :]
+    mask = t_ok[:, None, None] & (h3 < num_heads) & (d3 < head_dim)
+    dst = page[:, None, None] * c_stride_p + row[:, None, None] * c_stride_s + h3 * c_stride_h + d3 * c_stride_d
+    k_rows = tl.load(k_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
+    if BUG == 2:
+        v_rows = tl.load(v_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
+    else:
+        v_rows = tl.load(v_ptr + t3 * v_stride_t + h3 * v_stride_h + d3 * v_stride_d, mask=mask)
+    if BUG == 1:
+        tl.store(k_cache_ptr + dst, v_rows, mask=mask)
+        tl.store(v_cache_ptr + dst, k_rows, mask=mask)
+    else:
+        tl.store(k_cache_ptr + dst, k_rows, mask=mask)
+        tl.store(v_cache_ptr + dst, v_rows, mask=mask)
+
+
+def _triton_store(
+    bug: int = 0,
+    contiguous_strides: bool = False,
+    drop_last_block: bool = False,
+    contiguous_indices: bool = True,
+    validate: bool = True,
+) -> Callable:
+    def store(k_cache, v_cache, indices, k, v):
+        pages, page_size, heads, dim = k_cache.shape
+        n = len(indices)
+        if validate and n and (int(indices.min()) < 0 or int(indices.max()) >= pages * page_size):
+            raise IndexError("slot out of range")
+        if n == 0:
+            return
+        if contiguous_indices:
+            indices = indices.contiguous()
+        block_t = 16
+        grid = n // block_t if drop_last_block else triton.cdiv(n, block_t)
+        if grid == 0:
+            return
+        if contiguous_strides:  # as if every tensor were contiguous
+            k_strides = v_strides = (heads * dim, dim, 1)
+            c_strides = (page_size * heads * dim, heads * dim, dim, 1)
+        else:
+            k_strides, v_strides, c_strides = k.stride(), v.stride(), k_cache.stride()
+        _buggy_store_kernel[(grid,)](
+            k, v, k_cache, v_cache, indices, n, page_size, heads, dim, *k_strides, *v_strides, *c_strides,
+            BLOCK_T=block_t, BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim), BUG=bug,
+        )  # fmt: skip
+
+    return store
+
+
+def test_the_buggy_kernel_without_bugs_passes() -> None:
+    """Otherwise the wrong stores below could fail for a reason of their own."""
+    assert check("storage.store", _triton_store()).passed
+
+
+WRONG["storage.store"] = [
+    _triton_store(bug=1),
+    _triton_store(bug=2),
+    _triton_store(bug=3),
+    _triton_store(contiguous_strides=True),
+    _triton_store(drop_last_block=True),
+    _triton_store(contiguous_indices=False),
+    _triton_store(validate=False),
+]
+
+
+# the two tests of every chapter (after the last wrong answer) -------------------------
+
+test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("storage", WRONG)
