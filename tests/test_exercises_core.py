@@ -44,6 +44,27 @@ def test_a_learner_exception_names_the_line_not_the_file() -> None:
     assert str(REPO) not in str(result)
 
 
+@pytest.mark.parametrize("error", [SystemExit(3), GeneratorExit()], ids=["sys.exit", "GeneratorExit"])
+def test_exits_from_the_learners_code_are_failed_cases(error: BaseException) -> None:
+    """check survives whatever the learner's code does, sys.exit() included (issue 12)."""
+
+    def learner(*args, **kwargs):
+        raise error
+
+    for exercise_id in ("radix.evict", "capacity.kv_bytes_per_token"):
+        result = check(exercise_id, learner)
+        assert not result.passed and not result.not_written
+        assert type(error).__name__ in result.smallest_failure.problem
+
+
+def test_ctrl_c_still_stops_a_check() -> None:
+    def evict(manager, size):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        check("radix.evict", evict)
+
+
 def test_calling_the_reference_is_refused() -> None:
     result = check("radix.evict", lambda manager, size: manager.evict(size))
     assert not result.passed

@@ -94,13 +94,18 @@ def exercise(
 
 _active: list[Exercise] = []
 
+_LEARNER_ERRORS = (Exception, SystemExit, GeneratorExit)
+"""What a learner's code may raise and ``check`` still reports as a failed case. ``sys.exit()``
+and a stray ``GeneratorExit`` are mistakes to report too; only Ctrl-C (``KeyboardInterrupt``)
+and the checker's own time limit go through."""
+
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call the learner's function; whatever it raises comes back as :class:`LearnerRaised`."""
     with _forbidding(_active[-1].forbidden if _active else ()):
         try:
             return fn(*args, **kwargs)
-        except Exception as error:  # the learner's exception, whatever it is, is data here
+        except _LEARNER_ERRORS as error:  # the learner's exception, whatever it is, is data here
             raise LearnerRaised(error, _where(error.__traceback__)) from None
 
 
@@ -173,7 +178,7 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
         return failed(
             f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, so it was stopped; is there a loop that never ends?"
         )
-    except Exception as error:  # the checker could not make sense of what the learner's code returned
+    except _LEARNER_ERRORS as error:  # the checker could not make sense of what the learner's code returned
         return failed(
             "the checker could not use what your function returned "
             f"({type(error).__name__}: {error}); check the return type in the task's description."
