@@ -113,7 +113,22 @@ def subjects(path: Path) -> tuple[str, ...]:
 
 
 def is_own(module: str, own: tuple[str, ...]) -> bool:
-    return any(module == s or module.startswith(s + ".") for s in own)
+    """Whether ``module``'s privates are the own privates of a test of ``own``.
+
+    A module's own test may use the privates of the module (or package) itself and, for a module
+    of a subpackage, those of the subpackage's internals: its ``__init__`` and its private modules
+    (``tests/test_exercises_radix.py`` may import ``minikv.exercises._core``).
+    """
+    package = module.rpartition(".")[0]
+    for subject in own:
+        subject_package = subject.rpartition(".")[0]
+        if module == subject or module.startswith(subject + "."):
+            return True
+        if subject_package == "minikv":
+            continue  # minikv's own private modules (minikv._validate) belong to no one test
+        if module == subject_package or (package == subject_package and is_private(module.rpartition(".")[2])):
+            return True
+    return False
 
 
 def private_uses(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
@@ -134,7 +149,8 @@ def private_uses(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
                     yield node.lineno, part, node.module
             for alias in node.names:
                 if is_private(alias.name):
-                    yield node.lineno, alias.name, node.module
+                    submodule = f"{node.module}.{alias.name}"  # `from minikv.exercises import _core`
+                    yield node.lineno, alias.name, submodule if submodule in MODULES else node.module
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
@@ -235,7 +251,12 @@ def test_test_files_are_the_own_tests_of_the_module_they_are_named_after() -> No
     assert subjects(tests / "test_viz_tree.py") == ("minikv.viz.tree",)
     assert subjects(tests / "test_exercises.py") == ("minikv.exercises",)
     assert subjects(tests / "test_store_kernel.py") == ("minikv.kernels.store",)
+    assert subjects(tests / "test_exercises_radix.py") == ("minikv.exercises.radix",)
     assert subjects(tests / "helpers.py") == ()
+    assert is_own("minikv.exercises._core", ("minikv.exercises.radix",))  # its package's internals
+    assert is_own("minikv.exercises._core", ("minikv.exercises",))
+    assert not is_own("minikv.exercises.blocks", ("minikv.exercises.radix",))  # a sibling's are not
+    assert not is_own("minikv._validate", ("minikv.page_pool",))  # nor the top package's private modules
     for stem, modules in TEST_SUBJECTS.items():
         assert (tests / f"{stem}.py").is_file(), stem
         assert all(m in MODULES for m in modules), modules
