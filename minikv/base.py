@@ -108,7 +108,7 @@ class SizeInfo(NamedTuple):
 class BaseCacheManager(ABC):
     """Management layer: which prefixes are cached, who uses them, what to evict.
 
-    Token ids and slot indices are :data:`TokenIds`: 1-D integer tensors, NumPy
+    Token ids and slot indices are ``TokenIds``: 1-D integer tensors, NumPy
     arrays or lists of ints. Returned indices are ``int32`` on the manager's device,
     and every returned tensor is the caller's own (a fresh tensor, never one the
     manager keeps or hands out again), so resizing or writing it changes nothing else.

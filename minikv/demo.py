@@ -71,7 +71,7 @@ def show_error(error: BaseException, prefix: str = "", *, width: int = WIDTH) ->
 
 
 def print_captions(frames: Iterable[Any], *, width: int = WIDTH) -> None:
-    """Print each recorded frame (of a :class:`~minikv.viz.TreeRecorder`) as ``number | caption``."""
+    """Print each recorded frame (of a :class:`~minikv.viz.recorder.TreeRecorder`) as ``number | caption``."""
     for frame in frames:
         print(textwrap.fill(f"{frame.index} | {frame.caption}", width, subsequent_indent="    "))
 

@@ -11,7 +11,7 @@ Read this file beside the engine chapter. The pieces, and who owns what::
 
 A request goes through
 
-1. **admission** (:meth:`Engine._admit`): match ``ids[:-1]`` (a server must compute
+1. **admission** (``Engine._admit``): match ``ids[:-1]`` (a server must compute
    at least the last token to get its logits; the match is page-aligned), check
    that the uncached suffix fits, lock the match, check *again* (locking made
    our own match unevictable, exactly as mini-sglang's ``PrefillAdder`` does),
@@ -21,7 +21,7 @@ A request goes through
 3. **decode**, one token per step: a slot for the token fed in (a new page only
    when the request's last page is full), its K/V written, attention over the
    request's slots read back through the cache;
-4. **release** (:meth:`Engine._release`), when it finishes (stop token or
+4. **release** (``Engine._release``), when it finishes (stop token or
    budget): the tokens whose K/V exist (prompt and generated) are inserted into
    the tree, the slots the tree did not take (duplicates of what another request
    inserted meanwhile, and a partial last page) are freed exactly as
@@ -30,7 +30,7 @@ A request goes through
 **Preemption.** When decode cannot get a slot even after evicting every unlocked
 prefix, the newest running request is preempted (as nano-vllm does) and put back
 at the front of the waiting queue. Preemption *inserts its finished prefix
-first*, through the same :meth:`Engine._release` a finished request takes,
+first*, through the same ``Engine._release`` a finished request takes,
 rather than freeing its slots: one code path instead of two, and the K/V it
 computed become an ordinary unlocked prefix. Whether that pays depends on what
 the allocation that needed the room evicts next: least recently used leaves,

@@ -241,7 +241,7 @@ class RadixCacheManager(BaseCacheManager):
     ) -> tuple[list[RadixTreeNode], int, Cut]:
         """The read-only half of a walk: how far the tree matches ``ids``.
 
-        ``ids`` is a 1-D int64 NumPy array (as :func:`~minikv._validate.as_token_ids` makes it).
+        ``ids`` is a 1-D int64 NumPy array (as ``minikv._validate.as_token_ids`` makes it).
         The search starts at ``node`` (the root by default), which matched ``ids[:prefix_len]``.
         Returns the path (``node``, then every node below it matched whole), the matched
         length, and the cut: ``(child, tokens of it matched)`` when the match ends inside a

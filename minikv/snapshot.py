@@ -191,7 +191,7 @@ class TreeSnapshot:
     def of(cls, manager: Any, *, max_nodes: int | None = None) -> TreeSnapshot:
         """Read ``manager``'s tree without changing it (only public attributes are read).
 
-        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.TreeRecorder`
+        Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
         around one, or any object with the same ``root_node`` structure. ``max_nodes``
         stops the walk of a broken tree (a node listed as its own descendant) with
         :class:`~minikv.errors.IntegrityError`.

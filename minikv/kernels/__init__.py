@@ -1,8 +1,8 @@
 """The store kernel and where it runs.
 
-* :mod:`minikv.kernels.store`: the Triton kernel, its launcher, the checks and :func:`store_cache`;
+* ``minikv.kernels.store``: the Triton kernel, its launcher, the checks and :func:`~minikv.store_cache`;
 * :mod:`minikv.kernels.cpu_copy`: the plain-torch copy that ``backend="torch"`` runs;
-* :mod:`minikv.kernels.devices`: the rule for where a kernel runs (compiled on CUDA
+* ``minikv.kernels.devices``: the rule for where a kernel runs (compiled on CUDA
   tensors, interpreted on CPU tensors), with no environment variable set at import.
 
 Importing this package does not import Triton: the kernel is handed to Triton when it

@@ -10,7 +10,7 @@ checked. It picks one of three ways to write ``cache[slot[i]] = src[i]``:
    seen as int64 words (:func:`as_wide_rows`), so ``index_copy_`` moves fewer, wider elements.
 3. **A plain scatter** through the ``(page, row)`` index, for any other strides.
 
-Nothing here checks its input: :func:`minikv.kernels.store.store_cache` does that first.
+Nothing here checks its input: :func:`~minikv.store_cache` does that first.
 ``benchmarks/store.py`` measures the three against a plain memory copy.
 """
 

@@ -150,7 +150,7 @@ def launch_store_kernel(
     v: torch.Tensor,
     error_flag: torch.Tensor | None = None,
 ) -> None:
-    """Launch the kernel, with none of :func:`store_cache`'s checks.
+    """Launch the kernel, with none of :func:`~minikv.store_cache`'s checks.
 
     ``k_cache``/``v_cache``: ``(pages, page_size, heads, head_dim)``; ``indices``: contiguous.
     With ``error_flag`` (an int32 tensor), the kernel checks each slot's range itself and adds
@@ -247,7 +247,7 @@ def check_store_arguments(
     error_flag: torch.Tensor | None = None,
     index_name: str = "indices",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every check of :func:`store_cache` that needs only the tensors' metadata (no values, no transfer).
+    """Every check of :func:`~minikv.store_cache` that needs only the tensors' metadata (no values, no transfer).
 
     Returns the caches as ``(pages, page_size, heads, head_dim)`` views and the sources,
     negated views (``x.conj().imag``) resolved into tensors whose memory holds their values.

@@ -193,7 +193,7 @@ def draw_tree(
     """Draw ``manager``'s radix tree now.
 
     ``vocab`` turns token ids into words (a dict, a callable or a sequence).
-    ``changes`` (from :func:`diff_snapshots`, or a recorder frame) highlights
+    ``changes`` (from :func:`~minikv.snapshot.diff_snapshots`, or a recorder frame) highlights
     what the last operation did. ``max_columns`` caps the tokens (pages, when
     ``page_size > 1``) shown per node; the rest is summarised as "+N".
     ``pool`` (a :class:`~minikv.PagePool`) adds a strip of its slots above the
@@ -217,7 +217,7 @@ def draw_snapshot(
     max_columns: int = 8,
     slots: SlotOwnership | None = None,
 ) -> TreeDrawing:
-    """Draw a :class:`TreeSnapshot` (see :func:`draw_tree`); ``slots`` adds the slot strip."""
+    """Draw a :class:`~minikv.snapshot.TreeSnapshot` (see :func:`draw_tree`); ``slots`` adds the slot strip."""
     if not isinstance(snapshot, TreeSnapshot):
         raise ArgumentTypeError(f"snapshot must be a TreeSnapshot, got {type(snapshot).__name__}")
     if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
