@@ -83,3 +83,43 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: dict[
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |" for r in cells]
     return "\n".join(lines)
+
+
+# The replay tables, as replay.py prints them and report.py writes them into the README.
+REPLAY_COLUMNS = [
+    "workload",
+    "variant",
+    "requests",
+    "us_per_request",
+    "us_per_request_min",
+    "vs_naive",
+    "manager_us",
+    "target_us",
+    "hit_rate",
+    "optimal_hit_rate",
+    "hit_vs_optimal",
+    "evicted_slots",
+]
+REPLAY_FORMATS = {
+    "us_per_request": ".1f",
+    "us_per_request_min": ".1f",
+    "vs_naive": ".2f",
+    "hit_rate": ".3f",
+    "optimal_hit_rate": ".3f",
+    "hit_vs_optimal": ".3f",
+    "manager_us": ".1f",
+    "target_us": ".1f",
+}
+BREAKDOWN_COLUMNS = [
+    "workload",
+    "variant",
+    "manager_total",
+    "manager.match_prefix",
+    "manager.lock_handle",
+    "manager.insert_prefix",
+    "manager.evict",
+    "pool_total",
+    "lifecycle_glue",
+    "instrumented_total",
+]
+BREAKDOWN_FORMATS = dict.fromkeys(BREAKDOWN_COLUMNS[2:], ".1f")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _common import table, write_results
+from _common import BREAKDOWN_COLUMNS, BREAKDOWN_FORMATS, REPLAY_COLUMNS, REPLAY_FORMATS, table, write_results
 
 from minikv import NaiveCacheManager, PagePool, RadixCacheManager
 from minikv.base import BaseCacheManager
@@ -263,46 +263,10 @@ def main() -> None:
                 flush=True,
             )
 
-    columns = [
-        "workload",
-        "variant",
-        "requests",
-        "us_per_request",
-        "us_per_request_min",
-        "vs_naive",
-        "manager_us",
-        "target_us",
-        "hit_rate",
-        "optimal_hit_rate",
-        "hit_vs_optimal",
-        "evicted_slots",
-    ]
-    formats = {
-        "us_per_request": ".1f",
-        "us_per_request_min": ".1f",
-        "vs_naive": ".2f",
-        "hit_rate": ".3f",
-        "optimal_hit_rate": ".3f",
-        "hit_vs_optimal": ".3f",
-        "manager_us": ".1f",
-        "target_us": ".1f",
-    }
     print()
-    print(table(rows, columns, formats))
-    split_columns = [
-        "workload",
-        "variant",
-        "manager_total",
-        "manager.match_prefix",
-        "manager.lock_handle",
-        "manager.insert_prefix",
-        "manager.evict",
-        "pool_total",
-        "lifecycle_glue",
-        "instrumented_total",
-    ]
+    print(table(rows, REPLAY_COLUMNS, REPLAY_FORMATS))
     print("\nWhere the time goes (µs per request, instrumented pass; each timed call adds ~0.1-0.3 µs):")
-    print(table(splits, split_columns, dict.fromkeys(split_columns[2:], ".1f")))
+    print(table(splits, BREAKDOWN_COLUMNS, BREAKDOWN_FORMATS))
     path = write_results(
         "replay",
         {

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, table
+from _common import BREAKDOWN_COLUMNS, BREAKDOWN_FORMATS, REPLAY_COLUMNS, REPLAY_FORMATS, RESULTS, table
 
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -36,49 +36,9 @@ def replay_section(doc: dict[str, Any]) -> list[str]:
     out = ["### replay.py", "", machine_line(doc), ""]
     if doc.get("quick"):
         out += ["**Quick run (a tenth of the requests): a smoke test, not a result.**", ""]
-    out.append(
-        table(
-            rows,
-            [
-                "workload",
-                "variant",
-                "requests",
-                "us_per_request",
-                "us_per_request_min",
-                "vs_naive",
-                "manager_us",
-                "target_us",
-                "hit_rate",
-                "optimal_hit_rate",
-                "hit_vs_optimal",
-                "evicted_slots",
-            ],
-            {
-                "us_per_request": ".1f",
-                "us_per_request_min": ".1f",
-                "vs_naive": ".2f",
-                "hit_rate": ".3f",
-                "optimal_hit_rate": ".3f",
-                "hit_vs_optimal": ".3f",
-                "manager_us": ".1f",
-                "target_us": ".1f",
-            },
-        )
-    )
+    out.append(table(rows, REPLAY_COLUMNS, REPLAY_FORMATS))
     out += ["", "Where the time goes (µs per request, instrumented passes, each figure the minimum of five):", ""]
-    columns = [
-        "workload",
-        "variant",
-        "manager_total",
-        "manager.match_prefix",
-        "manager.lock_handle",
-        "manager.insert_prefix",
-        "manager.evict",
-        "pool_total",
-        "lifecycle_glue",
-        "instrumented_total",
-    ]
-    out.append(table(doc["breakdown_us"], columns, dict.fromkeys(columns[2:], ".1f")))
+    out.append(table(doc["breakdown_us"], BREAKDOWN_COLUMNS, BREAKDOWN_FORMATS))
     return out
 
 
