@@ -7,30 +7,21 @@ Python with the system browser (no browser download).
 
 from __future__ import annotations
 
-import functools
-import http.server
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from headless import chromium, needs_chromium, serve
 
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 # Paths of the machine that executed the notebooks (the book's own examples, such as
 # "/home/user/doc1.txt" in chapter 5, are fine).
 MACHINE_PATHS = re.compile(r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python)")
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is not installed (scripts/setup.sh --browser)"
-)
+pytestmark = needs_chromium
 
 
 def toc_pages() -> list[str]:
@@ -51,26 +42,14 @@ def site() -> Iterator[str]:
         pytest.skip(
             "the book is not built: run `make book` (or `.venv/bin/jupyter-book build .`) first; `make test` builds it"
         )
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve(HTML) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture()

@@ -6,24 +6,16 @@ output is displayed twice: both copies must work, each on its own.
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from headless import chromium, needs_chromium, serve
 
 from minikv import RadixCacheManager
 from minikv.viz import TreeRecorder, Vocab
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the system browser at /usr/bin/chromium")
+pytestmark = needs_chromium
 
 
 def small_recording() -> TreeRecorder:
@@ -47,32 +39,14 @@ def served_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         f'<section id="second">{player.html}</section>\n</body></html>\n',
         encoding="utf-8",
     )
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", len(player)
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve(root) as address:
+        yield f"{address}/index.html", len(player)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def visible_frames(page, section: str) -> list[int]:
@@ -231,19 +205,15 @@ def test_captions_and_controls_are_readable_in_both_themes(
     player = rec.player(interval_ms=120)
     root = tmp_path_factory.mktemp(f"theme_{theme}")
     theme_page(root, theme, player.html)
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    context = browser.new_context(color_scheme=theme)
-    try:
-        page = context.new_page()
-        page.goto(f"http://127.0.0.1:{server.server_address[1]}/{theme}.html", wait_until="load")
-        assert page.evaluate("document.documentElement.dataset.theme") == theme
-        ratios = page.eval_on_selector(".minikv-player", CONTRAST_JS)
-        assert set(ratios) >= {".mkp-caption", ".mkp-counter", ".mkp-controls button"}, ratios
-        low = {sel: round(r, 2) for sel, r in ratios.items() if r < 4.5}
-        assert low == {}, f"{theme} theme: contrast below WCAG's 4.5:1: {low}"
-    finally:
-        context.close()
-        server.shutdown()
-        server.server_close()
+    with serve(root) as address:
+        context = browser.new_context(color_scheme=theme)
+        try:
+            page = context.new_page()
+            page.goto(f"{address}/{theme}.html", wait_until="load")
+            assert page.evaluate("document.documentElement.dataset.theme") == theme
+            ratios = page.eval_on_selector(".minikv-player", CONTRAST_JS)
+            assert set(ratios) >= {".mkp-caption", ".mkp-counter", ".mkp-controls button"}, ratios
+            low = {sel: round(r, 2) for sel, r in ratios.items() if r < 4.5}
+            assert low == {}, f"{theme} theme: contrast below WCAG's 4.5:1: {low}"
+        finally:
+            context.close()

@@ -6,23 +6,18 @@ frame player and as a static SVG image (as the built book shows drawings).
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from headless import chromium, needs_chromium, serve
 
 from minikv import PagePool, RadixCacheManager, admit, finish
 from minikv.viz import TreeRecorder, Vocab, draw_tree
 from minikv.viz.tree import SLOT_LOOKS
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 NUM_SLOTS = 8
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the system browser at /usr/bin/chromium")
+pytestmark = needs_chromium
 
 
 def recording() -> tuple[TreeRecorder, PagePool]:
@@ -47,30 +42,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         '<img id="static" src="now.svg" alt="the tree now, with its slot strip">\n</body></html>\n',
         encoding="utf-8",
     )
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve(root) as address:
+        yield f"{address}/"
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 STRIP_CELLS = """
