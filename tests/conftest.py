@@ -10,7 +10,10 @@ import pytest
 # ``import helpers`` must work whatever import mode or working directory pytest runs with.
 sys.path.insert(0, str(Path(__file__).parent))
 
+from viz_scenario import run_scenario
+
 from minikv import RadixCacheManager
+from minikv.viz import TreeRecorder
 
 
 @pytest.fixture
@@ -24,3 +27,9 @@ def hello_tree() -> RadixCacheManager:
     manager.insert_prefix([1, 2, 4, 5], [10, 11, 13, 14])
     manager.insert_prefix([9], [20])
     return manager
+
+
+@pytest.fixture(scope="module")
+def scenario() -> TreeRecorder:
+    """The viz tests' recorded scenario (``viz_scenario.run_scenario``), once per test module."""
+    return run_scenario()

@@ -11,7 +11,6 @@ matplotlib.use("Agg")
 
 from viz_scenario import (
     manager_with,
-    run_scenario,
 )
 
 from minikv.errors import ArgumentError, ArgumentTypeError
@@ -20,11 +19,6 @@ from minikv.viz import (
     TreeRecorder,
     draw_tree,
 )
-
-
-@pytest.fixture(scope="module")
-def scenario() -> TreeRecorder:
-    return run_scenario()
 
 
 def test_player_html_holds_every_frame(scenario: TreeRecorder) -> None:

@@ -21,11 +21,6 @@ from minikv.viz import (
 )
 
 
-@pytest.fixture(scope="module")
-def scenario() -> TreeRecorder:
-    return run_scenario()
-
-
 def test_plots_are_deterministic_figures(scenario: TreeRecorder) -> None:
     import io
 

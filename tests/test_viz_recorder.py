@@ -34,11 +34,6 @@ from minikv.viz import (
 )
 
 
-@pytest.fixture(scope="module")
-def scenario() -> TreeRecorder:
-    return run_scenario()
-
-
 def test_scenario_captions(scenario: TreeRecorder) -> None:
     captions = [f.caption for f in scenario.frames]
     assert captions[:6] == [

@@ -19,7 +19,6 @@ from viz_scenario import (
     attrs,
     edge_line,
     manager_with,
-    run_scenario,
 )
 
 from minikv import NaiveCacheManager, PagePool, RadixCacheManager, admit, finish
@@ -34,11 +33,6 @@ from minikv.viz import (
     draw_tree,
     node_id,
 )
-
-
-@pytest.fixture(scope="module")
-def scenario() -> TreeRecorder:
-    return run_scenario()
 
 
 def test_split_frame_styles(scenario: TreeRecorder) -> None:
