@@ -77,7 +77,7 @@ class PagePool:
         When free pages run short and ``evict_from`` is given, the shortfall is
         evicted from that manager first. If even that cannot cover it, raises
         :class:`~minikv.errors.OutOfSlotsError` and changes nothing. Before
-        evicting, a manager with a tree (``root_node``) is checked to hold only
+        evicting, a manager that lists its tree (``nodes()``) is checked to hold only
         pages this pool handed out: evicting anything else would fail after the
         manager had already dropped it.
         """
@@ -156,16 +156,10 @@ class PagePool:
 
     def _check_holds_only_used_pages(self, manager: BaseCacheManager) -> None:
         """Refuse to evict from a manager whose tree holds a slot outside this pool, or a free one."""
-        root = getattr(manager, "root_node", None)
-        if root is None:
+        nodes = getattr(manager, "nodes", None)
+        if nodes is None:
             return  # a manager without a tree: nothing to look at
-        values: list[torch.Tensor] = []
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if not node.is_root():
-                values.append(node.value)
+        values = [node.value for node in nodes()]
         if not values:
             return
         held = torch.cat(values).cpu().numpy().astype(np.int64)
