@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 # ``import helpers`` must work whatever import mode or working directory pytest runs with.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -33,3 +35,12 @@ def hello_tree() -> RadixCacheManager:
 def scenario() -> TreeRecorder:
     """The viz tests' recorded scenario (``viz_scenario.run_scenario``), once per test module."""
     return run_scenario()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny matrices: torch's thread pool only adds contention on a shared machine (5x slower on 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

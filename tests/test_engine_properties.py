@@ -10,11 +10,9 @@ the manager's ``check_integrity``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import cache
 
 import pytest
-import torch
 from helpers import REPRODUCIBLE
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -27,12 +25,7 @@ VOCAB = 16
 MODEL = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @cache
