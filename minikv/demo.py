@@ -9,7 +9,9 @@ cells about the cache:
 * :func:`new_server` builds the three pieces a server holds (a cache manager,
   a page pool and the KV storage), optionally with some prompts already served;
 * :func:`html_table` draws a table that renders alike in Jupyter, Colab and the book;
-* :func:`print_captions` and :func:`print_tree` print a recording and a tree as text.
+* :func:`print_captions` and :func:`print_tree` print a recording and a tree as text;
+* :func:`show_source` shows a function or class of the package as highlighted code, read from
+  the package itself, so what a chapter shows can never drift from what runs.
 
 ::
 
@@ -21,6 +23,7 @@ cells about the cache:
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -39,12 +42,14 @@ from .snapshot import TreeSnapshot, VocabLike, outline
 __all__ = [
     "WIDTH",
     "Server",
+    "SourceListing",
     "html_table",
     "new_server",
     "print_captions",
     "print_tree",
     "say",
     "show_error",
+    "show_source",
     "token_kv",
     "tokens_in_slots",
 ]
@@ -105,6 +110,43 @@ def html_table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str 
 
     body = "".join(row(cells, "td") for cells in rows)
     return make_html(f"<table>{row(header, 'th')}{body}</table>")
+
+
+class SourceListing:
+    """The source of one function or class: highlighted Python in Jupyter, Colab and the book.
+
+    It renders as a Markdown code block, which Jupyter, Colab and the book all
+    highlight; printed (or compared by nbval) it is the plain source text.
+    """
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+
+    def _repr_markdown_(self) -> str:
+        fence = "````" if "```" in self.text else "```"
+        return f"{fence}python\n{self.text}\n{fence}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def show_source(obj: Any) -> SourceListing:
+    """The source of ``obj`` (a function, method, class or property of minikv), dedented.
+
+    A property shows its getter. Only minikv's own code is shown: the book
+    teaches the package, and a listing of anything else would be a copy.
+    """
+    target: Any = obj.fget if isinstance(obj, property) else obj
+    target = getattr(target, "fn", target)  # a Triton kernel: the Python function it compiles
+    module = getattr(target, "__module__", None) or ""
+    if not (module == "minikv" or module.startswith("minikv.")):
+        raise ArgumentError(f"obj: show_source shows minikv's own code, got {obj!r} from {module or 'nowhere'!r}")
+    try:
+        text = inspect.getsource(target)
+    except (OSError, TypeError) as error:
+        raise ArgumentError(f"obj: no source for {obj!r} ({error})") from error
+    return SourceListing(getattr(target, "__qualname__", repr(target)), textwrap.dedent(text).rstrip("\n"))
 
 
 # -- a stand-in model and a server ---------------------------------------------------------------

@@ -110,3 +110,32 @@ def test_html_table() -> None:
     assert "nowrap" not in html_table(["x"], [["y"]], nowrap=False).data
     with pytest.raises(ArgumentError, match="align"):
         html_table(["x"], [], "c")
+
+
+def test_show_source_reads_the_package() -> None:
+    from minikv.demo import SourceListing, show_source
+    from minikv.radix_manager import RadixTreeNode
+
+    listing = show_source(RadixCacheManager.evict)
+    assert isinstance(listing, SourceListing)
+    assert listing.text.startswith("def evict(self")  # dedented: a method reads as a function
+    assert repr(listing) == listing.text
+    markdown = listing._repr_markdown_()
+    assert markdown.startswith("```python\n") and markdown.endswith("\n```")
+    assert show_source(RadixTreeNode).text.startswith("class RadixTreeNode")
+    from minikv import SizeInfo
+
+    assert show_source(SizeInfo.total_size).text.startswith("@property")  # a property: its getter
+
+
+def test_show_source_refuses_what_is_not_minikv() -> None:
+    from minikv.demo import show_source
+
+    with pytest.raises(ArgumentError, match="obj: show_source shows minikv's own code"):
+        show_source(textwrap_fill)
+    with pytest.raises(ArgumentError, match="obj"):
+        show_source(42)
+
+
+def textwrap_fill() -> None:
+    """Defined in a test module: not minikv's code."""
