@@ -371,6 +371,7 @@ def _match_len_cases() -> list[Case]:
         ("a difference in the middle, and a later equal token", [1, 2, 3, 4, 5], [1, 2, 0, 4, 5]),
         ("token ids above 2**31 and below 0", [2**40, -3, 2**31 + 1], [2**40, -3, 2**31 + 2]),
         ("ids that agree in their low 32 bits only", [2**32 + 7, 1], [7, 1]),
+        ("ids above 2**53 that differ by one (a float cannot tell them apart)", [2**60, 2**60 + 1], [2**60, 2**60]),
         ("1000 tokens that differ only at the end", long, [*long[:-1], -1]),
         ("1000 equal tokens", long, list(long)),
     ]
