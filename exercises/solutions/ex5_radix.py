@@ -676,7 +676,7 @@ from minikv.vocab import Vocab
 vocab = Vocab()
 prompts = ["the cat sat on the mat", "the cat sat on a dog", "the dog ran", "the cat sat on the mat"]
 with explain_errors():
-    pool = PagePool(6, page_size=2)
+    pool = PagePool(5, page_size=2)
     recorder = TreeRecorder(MyPagedRadixCache(page_size=2), vocab, pool=pool)
     for text in prompts:
         request = serve(recorder, pool, vocab.encode(text))

@@ -108,7 +108,7 @@ _FORBID: tuple[tuple[object, str], ...] = (
 
 def is_stub(fn: object) -> bool:
     """Whether ``fn`` is still an exercise stub: its body does nothing but ``raise NotImplementedError``."""
-    fn = inspect.unwrap(fn) if callable(fn) else fn  # type: ignore[arg-type]
+    fn = inspect.unwrap(fn) if callable(fn) else fn
     code = getattr(fn, "__code__", None)
     return isinstance(code, CodeType) and set(code.co_names) == {"NotImplementedError"}
 
@@ -1038,16 +1038,18 @@ Corruption = Callable[[Any, random.Random], str]
 """Breaks one rule of a cache's tree (chosen with the random generator); returns where, in words."""
 
 
-def _nodes(cache: Any) -> list[RadixTreeNode]:
-    out, stack = [], list(cache.root_node.children.values())
+def _nodes(cache: Any) -> list[Any]:
+    """Every node but the root, in an order that depends on the tree's content only (parents first)."""
+    out: list[Any] = []
+    stack = sorted(cache.root_node.children.values(), key=lambda n: n.key.tolist(), reverse=True)
     while stack:
         node = stack.pop()
         out.append(node)
-        stack.extend(sorted(node.children.values(), key=lambda n: n.key.tolist()))
+        stack.extend(sorted(node.children.values(), key=lambda n: n.key.tolist(), reverse=True))
     return out
 
 
-def _pick(cache: Any, rng: random.Random, ok: Callable[[RadixTreeNode], bool]) -> RadixTreeNode:
+def _pick(cache: Any, rng: random.Random, ok: Callable[[Any], bool]) -> Any:
     """A node (interior ones first, when there are some) for which ``ok`` holds."""
     nodes = [n for n in _nodes(cache) if ok(n)]
     inner = [n for n in nodes if n.children]
@@ -1088,7 +1090,7 @@ def _wrong_key(cache: Any, rng: random.Random) -> str:
     key = child_key(node.key, ps)
     wrong: object = 10**6 if ps == 1 else tuple(t + 1 for t in key)  # type: ignore[union-attr]
     del parent.children[key]
-    parent.children[wrong] = node  # type: ignore[index]
+    parent.children[wrong] = node
     return _where(node)
 
 
@@ -1215,8 +1217,15 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
     out = []
     for name, (corrupt, min_ps) in CORRUPTIONS.items():
         for seed, ps in enumerate(p for p in (1, 2, 4) if p >= min_ps):
-            tree = random_recipe(81 + seed, 10, page_size=ps, vocab=3, max_len=6 * ps, lock_every=3)
-            out.append((name, corrupt, tree, seed))
+            for prompts in (6, 10, 16, 30):  # the smallest tree that has a node of the kind it breaks
+                tree = random_recipe(81 + seed, prompts, page_size=ps, vocab=3, max_len=4 * ps, lock_every=3)
+                scratch, _ = tree.build()
+                try:
+                    corrupt(scratch, random.Random(seed))
+                except (IndexError, ValueError):
+                    continue
+                out.append((name, corrupt, tree, seed))
+                break
     return out
 
 
@@ -1334,10 +1343,11 @@ def _page_cases() -> list[Case]:
         ),
     ]
     matches = []
-    for desc, tree, inputs in [
+    match_inputs: list[tuple[str, Recipe, list[tuple[int, ...]]]] = [
         ("page_size 2: match_prefix returns whole pages only", eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
         ("page_size 4: a tail shorter than a page matches nothing more", eight4, [(0, 1, 2, 3, 4, 5, 6)]),
-    ]:
+    ]
+    for desc, tree, inputs in match_inputs:
 
         def body(subject: Subject, tree: Recipe = tree, inputs: list[tuple[int, ...]] = inputs) -> None:
             cache, ref, _, _ = _pair(subject, tree)

@@ -241,6 +241,10 @@ def _key(outcome: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
     return outcome[:2] if outcome is not None and outcome[0] == "refused" else outcome
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _say(outcome: tuple[Any, ...] | None) -> str:
     if outcome is None:
         return "nothing to do"
@@ -249,13 +253,13 @@ def _say(outcome: tuple[Any, ...] | None) -> str:
         return f"refused: {outcome[2]}" if outcome[2] else f"refused with {outcome[1]}"
     if kind == "admitted":
         evicted = f", after evicting {outcome[3]} slots" if outcome[3] else ""
-        return f"admitted, {outcome[1]} tokens cached in slots {list(outcome[2])}{evicted}"
+        return f"admitted it, {_count(outcome[1], 'token')} cached in slots {list(outcome[2])}{evicted}"
     if kind == "finished":
         return f"finish: insert_prefix returned {outcome[1]} (already cached)"
     if kind == "aborted":
         return "aborted"
     if kind == "matched":
-        return f"matched {outcome[1]} tokens in slots {list(outcome[2])} ({outcome[3]})"
+        return f"matched {_count(outcome[1], 'token')} in slots {list(outcome[2])} ({outcome[3]})"
     if kind == "freed":
         return f"freed slots {list(outcome[1])}"
     if kind == "freed badly":
@@ -274,7 +278,7 @@ def longest_cached_prefix(tree: TreeSnapshot, ids: Sequence[int]) -> tuple[int, 
         for end in range(view.start + ps, len(view.path) + 1, ps):
             held[view.path[:end]] = view.slots[end - ps - view.start : end - view.start]
     ids = [int(t) for t in ids]
-    length, slots = 0, []
+    length, slots = 0, list[int]()
     while length + ps <= len(ids) and tuple(ids[: length + ps]) in held:
         slots.extend(held[tuple(ids[: length + ps])])
         length += ps
