@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from IPython.display import display
 
-from minikv import BaseCacheManager, PagePool, RadixCacheHandle, RadixTreeNode, SizeInfo, serve
+from minikv import BaseCacheManager, PagePool, RadixCacheHandle, RadixTreeNode, SizeInfo, lifecycle
 from minikv.errors import EvictionError, IntegrityError, LockError
 from minikv.exercises import check, tree_text
 from minikv.exercises.radix import explain_errors
@@ -664,7 +664,7 @@ check("radix.cache", MyPagedRadixCache)
 # %% [markdown]
 # ## Your cache serves requests
 #
-# `minikv.lifecycle.serve` runs a request through the seven steps of chapter 2 with any cache
+# `lifecycle.serve` runs a request through the seven steps of chapter 2 with any cache
 # manager: match, lock, allocate (evicting from your cache when the pool runs short), insert,
 # free, unlock. A `TreeRecorder` stands in front of your cache and draws its tree after every
 # call. Until your class is complete, these cells print which method is still missing.
@@ -679,7 +679,7 @@ with explain_errors():
     pool = PagePool(5, page_size=2)
     recorder = TreeRecorder(MyPagedRadixCache(page_size=2), vocab, pool=pool)
     for text in prompts:
-        request = serve(recorder, pool, vocab.encode(text))
+        request = lifecycle.serve(recorder, pool, vocab.encode(text))
         print(f"{text!r}: {request.cached_len} tokens cached, {request.evicted} slots evicted")
     recorder.check_integrity()
     print(tree_text(recorder))
