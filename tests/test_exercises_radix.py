@@ -732,6 +732,101 @@ right(
 )
 
 
+# -- more plausible slips, one per method ------------------------------------------------------------
+
+
+def _integrity_shallow(self):  # checks the root's children only, never deeper
+    for key, node in self.root_node.children.items():
+        if node.parent is not self.root_node or node.length == 0 or child_key(node.key, self.page_size) != key:
+            raise IntegrityError("shape", "")
+    if self.evictable_size < 0 or self.protected_size < 0:
+        raise IntegrityError("sizes", "")
+
+
+def _insert_extra_tick(self, input_ids, indices, *, handle=None):  # the new leaf gets a time of its own
+    ids, slots = token_array(input_ids), slot_tensor(indices)
+    if len(ids) != len(slots):
+        raise ValueError("lengths")
+    node, prefix_len = self.walk(ids)
+    if prefix_len < len(ids):
+        leaf = RadixTreeNode(self.tick())
+        leaf.set_key_value(ids[prefix_len:].copy(), slots[prefix_len:].clone())
+        leaf.set_parent(node, self.page_size)
+        self.evictable_size += leaf.length
+    return prefix_len
+
+
+def _walk_without_tick(self, input_ids):  # stamps the path with the previous walk's time
+    now, node, prefix_len = self.clock, self.root_node, 0
+    while prefix_len < len(input_ids):
+        child = node.children.get(child_key(input_ids[prefix_len:], self.page_size))
+        if child is None:
+            break
+        matched = self.match_len(child.key, input_ids[prefix_len:])
+        prefix_len += matched
+        if matched < child.length:
+            node = self.split_at(child, matched)
+            node.timestamp = now
+            break
+        node = child
+        node.timestamp = now
+    return node, prefix_len
+
+
+def _lock_own_node_only(self, handle, unlock=False):  # the handle's node, not the path
+    node = handle.node
+    if node is self.root_node:
+        return
+    if unlock and node.ref_count <= 0:
+        raise LockError("not locked")
+    before = node.ref_count
+    node.ref_count += -1 if unlock else 1
+    if (before == 0) != (node.ref_count == 0):
+        sign = 1 if unlock else -1
+        self.evictable_size += sign * node.length
+        self.protected_size -= sign * node.length
+
+
+def _evict_by_age_of_node(self, size):  # oldest *node* (by uid), not least recently used
+    if size < 0:
+        raise ValueError("negative")
+    if size > self.evictable_size:
+        raise EvictionError("too much")
+    heap, stack = [], [self.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if node is not self.root_node and not node.children and node.ref_count == 0:
+            heap.append((node.uid, node))
+    heapq.heapify(heap)
+    freed, out = 0, [torch.empty(0, dtype=torch.int32)]
+    while freed < size:
+        _, node = heapq.heappop(heap)
+        parent = node.parent
+        del parent.children[child_key(node.key, self.page_size)]
+        self.evictable_size -= node.length
+        freed += node.length
+        out.append(node.value)
+        if parent is not self.root_node and not parent.children and parent.ref_count == 0:
+            heapq.heappush(heap, (parent.uid, parent))
+    return torch.cat(out)
+
+
+wrong("radix.check_integrity", check_integrity=_integrity_shallow)
+wrong("radix.insert_prefix", insert_prefix=_insert_extra_tick)
+wrong("radix.walk", walk=_walk_without_tick)
+wrong("radix.lock_handle", lock_handle=_lock_own_node_only)
+wrong("radix.evict", evict=_evict_by_age_of_node)
+wrong("radix.cache", Paged, evict=_evict_by_age_of_node)
+wrong("radix.cache", Paged, insert_prefix=_insert_extra_tick)
+wrong(
+    "radix.match_prefix",
+    match_prefix=lambda self, ids: (
+        NS["match_prefix"](self, list(ids)[:-1]) if len(ids) else NS["match_prefix"](self, ids)
+    ),
+)
+
+
 # -- minikv's own answers, under other names ---------------------------------------------------------
 
 _captured_match_len = radix_module.match_len  # bound before check runs: the forbid-list cannot patch it
