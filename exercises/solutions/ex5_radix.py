@@ -81,7 +81,8 @@ print(tree_text(demo))
 # logical clock: `tick()` advances it and returns the new time.
 #
 # Each method you write in a task below replaces the stub here (`MyRadixCache.walk = walk`),
-# so you can run the cells in order, and run a task's cell again after changing it.
+# so you can run the cells in order, and run a task's cell again after changing it. (If you run
+# this cell again, run the task cells after it again too: it makes a new class, all stubs.)
 # `token_array` and `slot_tensor` turn what callers pass (lists, NumPy arrays, tensors) into
 # the types the nodes hold; neither makes a copy.
 
@@ -670,6 +671,7 @@ check("radix.cache", MyPagedRadixCache)
 # call. Until your class is complete, these cells print which method is still missing.
 
 # %%
+from minikv.snapshot import TreeSnapshot, outline
 from minikv.viz import TreeRecorder
 from minikv.vocab import Vocab
 
@@ -682,7 +684,7 @@ with explain_errors():
         request = lifecycle.serve(recorder, pool, vocab.encode(text))
         print(f"{text!r}: {request.cached_len} tokens cached, {request.evicted} slots evicted")
     recorder.check_integrity()
-    print(tree_text(recorder))
+    print(outline(TreeSnapshot.of(recorder), vocab))
     display(recorder.player(title="MyPagedRadixCache, four requests"))
 
 # %% [markdown]

@@ -513,9 +513,15 @@ def _split_cases() -> list[Case]:
 
 def _check_walk(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tuple[int, ...]) -> None:
     ref_node, ref_len = ref.walk(_arr(ids))
-    given = _arr(ids)
+    given, clock = _arr(ids), cache.clock
     result = subject.call(cache.walk, given)
     what = f"walk({_short(ids)})"
+    if not isinstance(cache.clock, int) or cache.clock <= clock:
+        raise Mismatch(
+            f"{what} did not tick the clock: a walk is a use, and it takes a new time (self.tick(), once).",
+            f"clock {clock + 1}",
+            f"clock {cache.clock}",
+        )
     if not (isinstance(result, tuple) and len(result) == 2):
         raise Mismatch(f"{what} must return a pair (node, prefix_len).", "(node, prefix_len)", repr(result)[:120])
     node, prefix_len = result
