@@ -13,6 +13,8 @@ no reason to know about.
 
 from __future__ import annotations
 
+import difflib
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -160,6 +162,101 @@ def _np(ids: Sequence[int]) -> np.ndarray:
     return np.asarray(list(ids), dtype=np.int64)
 
 
+def _label(node: object) -> str:
+    try:
+        key = node.key.tolist()  # type: ignore[attr-defined]
+    except Exception:
+        return "a node"
+    return "the root" if not len(key) and getattr(node, "parent", None) is None else f"the node {_tokens(tuple(key))}"
+
+
+def shape_problem(manager: object) -> str | None:
+    """Why the tree under ``manager.root_node`` is not a tree (a cycle, a node in two places), or None."""
+    root = getattr(manager, "root_node", None)
+    if root is None or not isinstance(getattr(root, "children", None), dict):
+        return "the cache has no root_node with a children dict: keep the given __init__, which makes them."
+    seen: dict[int, object] = {id(root): None}
+    stack: list[tuple[object, tuple[int, ...]]] = [(root, (id(root),))]
+    while stack:
+        node, on_path = stack.pop()
+        children = getattr(node, "children", None)
+        if not isinstance(children, dict):
+            return f"{_label(node)} has children of type {type(children).__name__}, not a dict."
+        for child in children.values():
+            if id(child) in on_path:
+                return (
+                    f"your tree has a cycle: {_label(child)} is listed among the children of {_label(node)}, "
+                    "which is below it. Look at where your code files a node in a children dict "
+                    "(set_parent files the node under its new parent)."
+                )
+            if id(child) in seen:
+                return (
+                    f"{_label(child)} is listed in two places of your tree (under {_label(node)} and under "
+                    f"{_label(seen[id(child)])}): a node has one parent; file it under one only."
+                )
+            seen[id(child)] = node
+            if len(seen) > MAX_NODES:
+                return f"the tree has more than {MAX_NODES} nodes."
+            stack.append((child, (*on_path, id(child))))
+    return None
+
+
+def clone_into(target: object, source: RadixCacheManager) -> dict[int, RadixTreeNode]:
+    """Give ``target`` (a learner's empty cache) a copy of ``source``'s tree, counters and clock.
+
+    Returns a map from each ``source`` node's ``uid`` to its copy, so handles can be translated.
+    The copies are fresh :class:`RadixTreeNode` objects linked with ``set_parent``.
+    """
+    ps = source.page_size
+    root = target.root_node  # type: ignore[attr-defined]
+    copies: dict[int, RadixTreeNode] = {source.root_node.uid: root}
+    stack = [source.root_node]
+    while stack:
+        node = stack.pop()
+        for child in sorted(node.children.values(), key=lambda c: c.key.tolist()):
+            copy = RadixTreeNode(child.timestamp)
+            copy.set_key_value(child.key.copy(), child.value.clone())
+            copy.ref_count = child.ref_count
+            copy.set_parent(copies[node.uid], ps)
+            copies[child.uid] = copy
+            stack.append(child)
+    target.evictable_size = source.evictable_size  # type: ignore[attr-defined]
+    target.protected_size = source.protected_size  # type: ignore[attr-defined]
+    target.clock = source.clock  # type: ignore[attr-defined]
+    return copies
+
+
+def translate(handle: RadixCacheHandle, copies: dict[int, RadixTreeNode]) -> RadixCacheHandle:
+    """The same handle in the copied tree."""
+    return RadixCacheHandle(handle.cached_len, copies[handle.node.uid])
+
+
+def checker_walk(cache: object, ids: Sequence[int]) -> None:
+    """A match done by the checker on a learner's tree (the way minikv's walk does it): one tick, the path
+    stamped, the node the match ends inside split. Used between the learner's calls, never graded."""
+    ps = cache.page_size  # type: ignore[attr-defined]
+    array = _np(ids)
+    end = len(array) - len(array) % ps
+    now = cache.clock + 1  # type: ignore[attr-defined]
+    cache.clock = now  # type: ignore[attr-defined]
+    node, pos = cache.root_node, 0  # type: ignore[attr-defined]
+    while pos < end:
+        child = node.children.get(child_key(array[pos:end], ps))
+        if child is None:
+            break
+        n = 0
+        while n < min(child.length, end - pos) and int(child.key[n]) == int(array[pos + n]):
+            n += 1
+        n -= n % ps
+        pos += n
+        if n < child.length:
+            child = child.split_at(n, ps)
+            child.timestamp = now
+            break
+        node = child
+        node.timestamp = now
+
+
 # -- snapshots ------------------------------------------------------------------
 
 
@@ -188,11 +285,26 @@ class TreeState:
     """The snapshot this state was taken from (for :func:`render`)."""
 
 
-def snapshot(manager: RadixCacheManager) -> TreeState:
+def snapshot(manager: object) -> TreeState:
+    """The tree of ``manager`` (minikv's or a learner's) as plain values; a tree that cannot be read is a Mismatch.
+
+    A cycle (a node listed below itself) or a node listed in two places is reported as such,
+    before anything walks the tree, so that no walk runs forever or blames the wrong thing.
+    """
+    problem = shape_problem(manager)
+    if problem is not None:
+        raise Mismatch(problem)
     try:
         tree = TreeSnapshot.of(manager, max_nodes=MAX_NODES)
     except IntegrityError:
         raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?") from None
+    except Exception as error:  # a node whose key or value is not an array, say
+        raise Mismatch(
+            f"the tree could not be read ({type(error).__name__}: {error}): every node needs a key (a NumPy "
+            "int64 array), a value (an int32 tensor), ref_count and timestamp ints, and a children dict; "
+            "set key and value with node.set_key_value(key, value)."
+        ) from None
+    root = manager.root_node  # type: ignore[attr-defined]
 
     def state(view: NodeView) -> NodeState:
         return NodeState(
@@ -202,7 +314,7 @@ def snapshot(manager: RadixCacheManager) -> TreeState:
 
     info = tree.size_info
     return TreeState(
-        tree.root.ref_count, int(manager.root_node.length), tuple(state(child) for child in tree.root.children),
+        tree.root.ref_count, int(root.length), tuple(state(child) for child in tree.root.children),
         info.evictable_size, info.protected_size, tree.clock, tree,
     )  # fmt: skip
 
@@ -235,11 +347,35 @@ def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
     return str(list(values[:limit]))[:-1] + f", … {len(values) - limit} more]"
 
 
-def compare(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> None:
-    """Raise :class:`Mismatch` naming the first difference, with both trees drawn."""
+def compare(expected: TreeState, got: TreeState, values: bool = True, times: bool = True, when: str = "") -> None:
+    """Raise :class:`Mismatch` naming the first difference, with both trees drawn side by side and their diff."""
     problem = first_difference(expected, got, values, times)
     if problem is not None:
-        raise Mismatch(problem, render(expected, values, times), render(got, values, times))
+        raise tree_mismatch(f"{when}: {problem}" if when else problem, expected, got, values, times)
+
+
+def tree_mismatch(
+    problem: str, expected: TreeState, got: TreeState, values: bool = True, times: bool = True
+) -> Mismatch:
+    """A Mismatch whose ``expected`` is both trees side by side and whose ``got`` is the lines that differ."""
+    left, right = render(expected, values, times), render(got, values, times)
+    return Mismatch(problem, side_by_side(left, right), line_diff(left, right))
+
+
+def side_by_side(left: str, right: str, titles: tuple[str, str] = ("the expected tree", "your tree")) -> str:
+    """Two drawings in two columns, the expected one on the left."""
+    a, b = [titles[0], *left.splitlines()], [titles[1], *right.splitlines()]
+    width = max(len(line) for line in a)
+    rows = [f"{x:<{width}}  │  {y}".rstrip() for x, y in itertools.zip_longest(a, b, fillvalue="")]
+    return "\n".join(rows)
+
+
+def line_diff(left: str, right: str) -> str:
+    """The lines of two drawings that differ: ``-`` only in the expected tree, ``+`` only in yours."""
+    changed = [line for line in difflib.ndiff(left.splitlines(), right.splitlines()) if line.startswith(("- ", "+ "))]
+    if not changed:
+        return "the drawings are the same (the difference is in what they leave out: the order of last use)"
+    return "what differs (- expected, + yours):\n" + "\n".join(changed)
 
 
 def first_difference(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> str | None:
@@ -303,17 +439,19 @@ def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
     exp_nodes, got_nodes = nodes_of(expected), nodes_of(got)
     if _ranks([n.timestamp for n in exp_nodes]) == _ranks([n.timestamp for n in got_nodes]):
         return None
-    for exp, mine in zip(exp_nodes, got_nodes, strict=False):  # first, the usual slip: the time of this very call
+    newest_exp = max((n.timestamp for n in exp_nodes), default=None)
+    newest_got = max((n.timestamp for n in got_nodes), default=None)
+    for exp, mine in zip(exp_nodes, got_nodes, strict=False):  # first, the usual slip: the time of the last use
         name = f"the node {_tokens(exp.key)}"
-        if exp.timestamp == expected.clock != mine.timestamp and got.clock is not None:
+        if exp.timestamp == newest_exp and mine.timestamp != newest_got:
             return (
-                f"{name} was used by this call, so it should carry its time (t={got.clock}), "
-                f"but it has t={mine.timestamp}."
+                f"{name} was used by the latest walk, so it should carry the newest time in the tree "
+                f"(t={newest_got} in yours), but it has t={mine.timestamp}."
             )
-        if exp.timestamp != expected.clock and mine.timestamp == got.clock:
+        if exp.timestamp != newest_exp and mine.timestamp == newest_got:
             return (
-                f"{name} was not used by this call and should keep its time, "
-                f"but it got the time of this call (t={mine.timestamp})."
+                f"{name} was not used by the latest walk and should keep its older time, "
+                f"but it has the newest time in your tree (t={mine.timestamp})."
             )
     for i, (a_exp, a_got) in enumerate(zip(exp_nodes, got_nodes, strict=False)):
         for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :], strict=False):

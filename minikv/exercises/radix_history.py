@@ -1,0 +1,447 @@
+"""Random histories for a radix cache: requests admitted, finished and aborted, matches, evictions, resets.
+
+A *history* is a tuple of :class:`Op` values. :func:`run_history` plays it on two
+worlds at once -- the cache under test and minikv's own
+:class:`~minikv.RadixCacheManager`, each with its own :class:`~minikv.PagePool`,
+driven through :mod:`minikv.lifecycle` -- and after every operation checks that
+
+* both worlds saw the same outcome (match lengths and slots, what ``finish``
+  returned, which slots ``evict`` freed, which calls were refused);
+* the two trees are the same (keys, slots, ref counts, order of last use, counters);
+* the world under test keeps the rules a prefix cache must keep whatever its code:
+  every slot is in exactly one place (free, in the tree, or owned by one running
+  request), each node's ``ref_count`` is the number of running requests whose
+  match covers it, the counters add up, and each match found the longest prefix
+  the tree held, in whole pages (the *model*: it knows pages, not nodes);
+* the cache's own ``check_integrity`` accepts its tree.
+
+:func:`shrink` cuts a failing history down (drops operations, shortens prompts) while it
+still fails, so a report can show the smallest one. minikv's own manager passes every
+history; the exercise ``radix.cache`` runs a learner's class through the same function.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..errors import EvictionError, LockError, OutOfSlotsError
+from ..lifecycle import Request, abort, admit, finish
+from ..page_pool import PagePool
+from ..radix_manager import RadixCacheManager
+from ..snapshot import TreeSnapshot
+from . import _trees
+from ._core import LearnerRaised, Mismatch
+
+__all__ = [
+    "Failure",
+    "History",
+    "Op",
+    "describe_history",
+    "longest_cached_prefix",
+    "random_history",
+    "run_history",
+    "shrink",
+]
+
+Caller = Callable[..., Any]
+"""How the cache under test is called: ``call(fn, *args, **kwargs)`` (the exercises pass a guarded call)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step of a history."""
+
+    kind: str
+    """``admit``, ``finish`` or ``abort`` (request ``name``), ``match`` (``ids``), ``evict`` (``size``), ``reset``."""
+    name: str = ""
+    ids: tuple[int, ...] = ()
+    size: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "admit":
+            return f"admit request {self.name} with prompt {list(self.ids)}"
+        if self.kind in ("finish", "abort"):
+            return f"{self.kind} request {self.name}"
+        if self.kind == "match":
+            return f"match_prefix({list(self.ids)})"
+        if self.kind == "evict":
+            return f"evict({self.size})"
+        return "reset()"
+
+
+History = tuple[Op, ...]
+
+
+def describe_history(history: Sequence[Op], page_size: int, failed_at: int | None = None) -> str:
+    """The history as numbered lines (``page_size`` first), the failing step marked."""
+    lines = [f"a cache with page_size {page_size} and a pool of {pool_pages(page_size)} pages, then:"]
+    for i, op in enumerate(history):
+        mark = "   <- fails here" if i == failed_at else ""
+        lines.append(f"  {i + 1}. {op.describe()}{mark}")
+    return "\n".join(lines)
+
+
+def pool_pages(page_size: int) -> int:
+    return 12 if page_size == 1 else 10
+
+
+def random_history(seed: int, page_size: int, num_ops: int = 30) -> History:
+    """A seeded random history: prompts over a tiny vocabulary (plus one large token id), so they share
+    prefixes, split each other's nodes, end mid-page, fill the pool and force evictions."""
+    rng = random.Random(seed)
+    big = rng.choice([1000, 65_537, 2**31 + 7, 2**40 + 3])
+    vocab = [0, 1, 2, big]
+    pages = [tuple(rng.choice(vocab) for _ in range(page_size)) for _ in range(3)]
+    max_pages = 4 if page_size > 1 else 6
+    prompts: list[tuple[int, ...]] = []
+    running: list[str] = []
+    ops: list[Op] = []
+    count = 0
+
+    def fresh() -> tuple[int, ...]:
+        body = [t for _ in range(rng.randint(0, max_pages)) for t in rng.choice(pages)]
+        tail = [rng.choice(vocab) for _ in range(rng.randint(0, page_size - 1))] if page_size > 1 else []
+        return tuple(body + tail) or (rng.choice(vocab),)
+
+    def prompt() -> tuple[int, ...]:
+        roll = rng.random()
+        if not prompts or roll < 0.35:
+            ids = fresh()
+        elif roll < 0.6:
+            ids = rng.choice(prompts)
+        else:
+            base = rng.choice(prompts)
+            ids = (base[: rng.randint(0, len(base))] + fresh())[: (max_pages + 1) * page_size]
+        prompts.append(ids)
+        return ids
+
+    while len(ops) < num_ops:
+        roll = rng.random()
+        if roll < 0.38 or (roll < 0.6 and not running):
+            count += 1
+            name = f"R{count}"
+            ops.append(Op("admit", name, prompt()))
+            running.append(name)
+        elif roll < 0.6:
+            ops.append(Op("finish", running.pop(rng.randrange(len(running)))))
+        elif roll < 0.64 and running:
+            ops.append(Op("abort", running.pop(rng.randrange(len(running)))))
+        elif roll < 0.8:
+            ops.append(Op("match", ids=prompt()))
+        elif roll < 0.95:
+            ops.append(Op("evict", size=rng.choice([0, 1, page_size, 2 * page_size + 1, 3, 7, 40, -1])))
+        else:
+            ops.append(Op("reset"))
+    return tuple(ops)
+
+
+# -- the two worlds ------------------------------------------------------------------------
+
+
+class _SortedEvict:
+    """A cache seen through its public methods, with ``evict``'s slots sorted: the contract leaves their
+    order open, and the pool's next allocations must not depend on it, or the two worlds drift apart."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def evict(self, size: int) -> Any:
+        freed = self.cache.evict(size)
+        return torch.sort(freed).values if isinstance(freed, torch.Tensor) and freed.dim() == 1 else freed
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "cache":
+            raise AttributeError(name)
+        return getattr(self.cache, name)
+
+
+@dataclass
+class _World:
+    cache: Any
+    view: _SortedEvict
+    pool: PagePool
+    running: dict[str, Request]
+
+
+def _direct(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def _attempt(call: Caller, fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None, str]:
+    """``(result, error, how it was raised)``; a stub's NotImplementedError passes through."""
+    try:
+        return call(fn, *args), None, ""
+    except LearnerRaised as learner:
+        if type(learner.error) is NotImplementedError:
+            raise
+        return None, learner.error, learner.describe()
+    except (Mismatch, NotImplementedError):
+        raise
+    except Exception as error:
+        return None, error, f"raised {type(error).__name__}: {error}"
+
+
+def _refusal(error: BaseException) -> str:
+    for kind in (OutOfSlotsError, EvictionError, LockError, ValueError):
+        if isinstance(error, kind):
+            return kind.__name__
+    return type(error).__name__
+
+
+def _apply(world: _World, op: Op, call: Caller) -> tuple[Any, ...] | None:
+    """Play ``op``; its outcome as plain values, or None if the op does not apply (skipped in both worlds)."""
+    if op.kind == "admit":
+        if op.name in world.running or not op.ids:
+            return None
+        request, error, how = _attempt(call, admit, world.view, world.pool, list(op.ids))
+        if error is not None:
+            return ("refused", _refusal(error), how)
+        world.running[op.name] = request
+        matched = request.indices[: request.cached_len].tolist()
+        return ("admitted", request.cached_len, tuple(matched), request.evicted)
+    if op.kind in ("finish", "abort"):
+        request = world.running.pop(op.name, None)
+        if request is None:
+            return None
+        result, error, how = _attempt(call, finish if op.kind == "finish" else abort, world.view, world.pool, request)
+        if error is not None:
+            return ("refused", _refusal(error), how)
+        return ("finished", int(result)) if op.kind == "finish" else ("aborted",)
+    if op.kind == "match":
+        result, error, how = _attempt(call, world.view.match_prefix, list(op.ids))
+        if error is not None:
+            return ("refused", _refusal(error), how)
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], torch.Tensor)):
+            return ("returned", repr(result)[:80])
+        handle, indices = result
+        return ("matched", int(getattr(handle, "cached_len", -1)), tuple(indices.tolist()), str(indices.dtype))
+    if op.kind in ("evict", "reset"):
+        fn = world.view.evict if op.kind == "evict" else world.view.reset
+        freed, error, how = _attempt(call, fn, *((op.size,) if op.kind == "evict" else ()))
+        if error is not None:
+            return ("refused", _refusal(error), how)
+        if not isinstance(freed, torch.Tensor) or freed.dtype != torch.int32 or freed.dim() != 1:
+            return ("returned", f"{type(freed).__name__} {getattr(freed, 'dtype', '')}".strip())
+        slots = sorted(freed.tolist())
+        try:
+            world.pool.free(torch.tensor(slots, dtype=torch.int32))
+        except Exception as error:
+            return ("freed badly", tuple(slots), f"{type(error).__name__}: {error}")
+        return ("freed", tuple(slots))
+    raise ValueError(f"unknown op kind {op.kind!r}")  # pragma: no cover - histories are made here
+
+
+def _key(outcome: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """What must agree between the worlds: for a refusal, the kind of error, not its wording."""
+    return outcome[:2] if outcome is not None and outcome[0] == "refused" else outcome
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _say(outcome: tuple[Any, ...] | None) -> str:
+    if outcome is None:
+        return "nothing to do"
+    kind = outcome[0]
+    if kind == "refused":
+        return f"refused: {outcome[2]}" if outcome[2] else f"refused with {outcome[1]}"
+    if kind == "admitted":
+        evicted = f", after evicting {outcome[3]} slots" if outcome[3] else ""
+        return f"admitted it, {_count(outcome[1], 'token')} cached in slots {list(outcome[2])}{evicted}"
+    if kind == "finished":
+        return f"finish: insert_prefix returned {outcome[1]} (already cached)"
+    if kind == "aborted":
+        return "aborted"
+    if kind == "matched":
+        return f"matched {_count(outcome[1], 'token')} in slots {list(outcome[2])} ({outcome[3]})"
+    if kind == "freed":
+        return f"freed slots {list(outcome[1])}"
+    if kind == "freed badly":
+        return f"returned slots {list(outcome[1])}, which the pool refused to take back ({outcome[2]})"
+    return f"returned {outcome[1]}"
+
+
+# -- the rules every world keeps (the model) ----------------------------------------------
+
+
+def longest_cached_prefix(tree: TreeSnapshot, ids: Sequence[int]) -> tuple[int, list[int]]:
+    """How many leading tokens of ``ids`` the tree holds in whole pages, and their slots: the model's match."""
+    ps = tree.page_size
+    held: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for view in tree.views():
+        for end in range(view.start + ps, len(view.path) + 1, ps):
+            held[view.path[:end]] = view.slots[end - ps - view.start : end - view.start]
+    ids = [int(t) for t in ids]
+    length, slots = 0, list[int]()
+    while length + ps <= len(ids) and tuple(ids[: length + ps]) in held:
+        slots.extend(held[tuple(ids[: length + ps])])
+        length += ps
+    return length, slots
+
+
+def _rules_broken(world: _World, tree: TreeSnapshot) -> str | None:
+    """Whether the world under test breaks a rule that holds whatever the tree's shape."""
+    pool, ps = world.pool, world.pool.page_size
+    owners: dict[int, list[str]] = {}  # page -> where it is; a page is the unit the pool hands out
+
+    def put(slots: Sequence[int], where: str) -> None:
+        for page in sorted({int(slot) // ps for slot in slots}):
+            owners.setdefault(page, []).append(where)
+
+    put(pool.free_slots().tolist(), "free in the pool")
+    for view in tree.views():
+        put(view.slots, f"in the node {list(view.tokens)}")
+    for name, request in world.running.items():
+        put(request.own_slots().tolist(), f"owned by request {name}")
+    what = "slot" if ps == 1 else "page"
+    for page in range(pool.num_pages):
+        places = owners.get(page, [])
+        if len(places) != 1:
+            where = " and ".join(places) if places else "nowhere: free in no pool, in no node, owned by no request"
+            name = f"slot {page}" if ps == 1 else f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
+            return f"{name} is {where}. Every {what} must be in exactly one place."
+    stray = sorted(page for page in owners if not 0 <= page < pool.num_pages)
+    if stray:
+        return f"the tree holds slot {stray[0] * ps}, which is not a slot of the pool."
+    for view in tree.views():
+        covering = sum(
+            1
+            for request in world.running.values()
+            if request.cached_len >= len(view.path)
+            and tuple(int(t) for t in request.input_ids[: len(view.path)]) == view.path
+        )
+        if view.ref_count != covering:
+            return (
+                f"the node {list(view.tokens)} has ref_count {view.ref_count}, but {covering} running requests "
+                "have locked a match that covers it."
+            )
+    protected = sum(len(v.tokens) for v in tree.views() if v.ref_count > 0)
+    evictable = sum(len(v.tokens) for v in tree.views() if v.ref_count == 0)
+    if tuple(tree.size_info) != (evictable, protected):
+        return (
+            f"size_info is {tuple(tree.size_info)}, but the tree holds {evictable} slots in unlocked nodes and "
+            f"{protected} in locked ones."
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Where a history went wrong: the step (0-based; -1 before the first), what, and the two trees."""
+
+    step: int
+    problem: str
+    expected: str = ""
+    got: str = ""
+
+
+def run_history(
+    make_cache: Callable[[], Any],
+    history: Sequence[Op],
+    page_size: int,
+    *,
+    call: Caller = _direct,
+    integrity: bool = True,
+) -> Failure | None:
+    """Play ``history`` on ``make_cache()`` and on minikv's own manager; the first difference, or None.
+
+    ``call`` runs every call into the cache under test (its ``make_cache`` included).
+    ``integrity``: also run the cache's own ``check_integrity`` after every step.
+    """
+    try:
+        cache = call(make_cache)
+    except LearnerRaised as learner:
+        if type(learner.error) is NotImplementedError:
+            raise
+        return Failure(-1, f"making the cache: {learner.describe()}.")
+    mine = _World(cache, _SortedEvict(cache), PagePool(pool_pages(page_size), page_size), {})
+    ref_cache = RadixCacheManager("cpu", page_size)
+    ref = _World(ref_cache, _SortedEvict(ref_cache), PagePool(pool_pages(page_size), page_size), {})
+    for step, op in enumerate(history):
+        try:
+            before = TreeSnapshot.of(ref.cache)
+            expected = _apply(ref, op, _direct)
+            got = _apply(mine, op, call)
+            exp_state = _trees.snapshot(ref.cache)
+            got_state = _trees.snapshot(mine.cache)
+        except Mismatch as mismatch:
+            return Failure(step, mismatch.problem, mismatch.expected, mismatch.got)
+        drawings = _trees.tree_mismatch("", exp_state, got_state)
+        if _key(expected) != _key(got):
+            return Failure(
+                step,
+                f"{op.describe()}: minikv's cache {_say(expected)}; yours {_say(got)}.",
+                drawings.expected,
+                drawings.got,
+            )
+        if op.kind in ("admit", "match") and expected is not None and expected[0] in ("admitted", "matched"):
+            ids = op.ids[:-1] if op.kind == "admit" else op.ids
+            length, slots = longest_cached_prefix(before, ids)
+            if (expected[1], list(expected[2])) != (length, slots):  # pragma: no cover - minikv's own bug
+                return Failure(step, f"{op.describe()}: the match should find {length} tokens in slots {slots}.")
+        difference = _trees.first_difference(exp_state, got_state)
+        if difference is not None:
+            return Failure(step, f"after {op.describe()}: {difference}", drawings.expected, drawings.got)
+        broken = _rules_broken(mine, got_state.tree)
+        if broken is not None:
+            return Failure(step, f"after {op.describe()}: {broken}", drawings.expected, drawings.got)
+        if integrity:
+            try:
+                _, error, how = _attempt(call, mine.cache.check_integrity)
+            except Mismatch as mismatch:
+                return Failure(step, mismatch.problem, mismatch.expected, mismatch.got)
+            if error is not None:
+                return Failure(
+                    step,
+                    f"after {op.describe()}, your check_integrity {how}, but the tree is healthy "
+                    "(it is the same as minikv's).",
+                    _trees.render(got_state),
+                )
+    return None
+
+
+def shrink(
+    history: Sequence[Op], fails: Callable[[History], Failure | None], budget: int = 400
+) -> tuple[History, Failure | None]:
+    """The smallest history found that still fails: operations dropped, then prompts shortened.
+
+    ``fails(history)`` runs one candidate. At most ``budget`` candidates are tried.
+    """
+    current = tuple(history)
+    failure = fails(current)
+    if failure is None:
+        return current, None
+    tries = 0
+    current = current[: failure.step + 1]
+    chunk = max(1, len(current) // 2)
+    while chunk >= 1 and tries < budget:
+        start, removed = 0, False
+        while start < len(current) and tries < budget:
+            candidate = current[:start] + current[start + chunk :]
+            tries += 1
+            found = fails(candidate) if candidate else None
+            if found is not None:
+                current, failure, removed = candidate[: found.step + 1], found, True
+            else:
+                start += chunk
+        if not removed:
+            chunk //= 2
+    i = 0
+    while i < len(current) and tries < budget:  # shorter prompts
+        if not current[i].ids:
+            i += 1
+            continue
+        candidate = (*current[:i], replace(current[i], ids=current[i].ids[:-1]), *current[i + 1 :])
+        tries += 1
+        found = fails(candidate)
+        if found is None:
+            i += 1
+        else:
+            current, failure = candidate[: found.step + 1], found
+    return current, failure
