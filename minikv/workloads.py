@@ -25,7 +25,7 @@ requests seen before it.
 :func:`replay_hit_rate` serves a stream through a :class:`~minikv.RadixCacheManager`
 with a pool of a given size (evicting when it runs short) and counts the prompt
 tokens found in the cache; :func:`hit_rate_sweep` does that for several pool sizes,
-which :func:`minikv.viz.plot_hit_rate_sweep` draws.
+which :func:`minikv.viz.plots.plot_hit_rate_sweep` draws.
 """
 
 from __future__ import annotations
