@@ -21,17 +21,26 @@ The same arguments (``seed`` included) always give the same requests.
 :func:`offline_optimal_hits` is the yardstick: for each request, the most
 leading tokens any prefix cache with unlimited memory could serve from
 requests seen before it.
+
+:func:`replay_hit_rate` serves a stream through a :class:`~minikv.RadixCacheManager`
+with a pool of a given size (evicting when it runs short) and counts the prompt
+tokens found in the cache; :func:`hit_rate_sweep` does that for several pool sizes,
+which :func:`minikv.viz.plots.plot_hit_rate_sweep` draws.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from ._validate import as_count, as_positive, as_token_ids
 from .errors import ArgumentError, ArgumentTypeError
+from .lifecycle import serve
+from .page_pool import PagePool
+from .radix_manager import RadixCacheManager
 
 
 def shared_system_prompt(
@@ -155,9 +164,7 @@ def offline_optimal_hits(requests: Sequence[np.ndarray], page_size: int = 1) -> 
     the query's sorted neighbour on one side or the other.
     """
     page_size = as_positive(page_size, "page_size")
-    if not isinstance(requests, (list, tuple)):
-        raise ArgumentTypeError(f"requests must be a list of token-id arrays, got {type(requests).__name__}")
-    arrays = [as_token_ids(r, f"requests[{i}]") for i, r in enumerate(requests)]
+    arrays = _as_requests(requests)
     seen: list[bytes] = []  # earlier requests, sorted; big-endian bytes sort like token sequences
     hits: list[int] = []
     for ids in arrays:
@@ -176,7 +183,96 @@ def total_tokens(requests: Sequence[np.ndarray]) -> int:
     return sum(len(r) for r in requests)
 
 
+@dataclass(frozen=True)
+class ReplayResult:
+    """What one replay of a request stream through a radix cache with ``num_slots`` slots found.
+
+    ``cached_tokens`` are the prompt tokens served from the cache (each request's
+    ``cached_len``), ``prompt_tokens`` all prompt tokens, ``evicted_slots`` the slots
+    the pool had to take back from the tree. ``optimal_tokens`` is what the replay
+    would find with unlimited memory: :func:`offline_optimal_hits`, with each request's
+    last token left out, as :func:`minikv.lifecycle.admit` always computes it.
+    """
+
+    num_slots: int
+    page_size: int
+    cached_tokens: int
+    prompt_tokens: int
+    evicted_slots: int
+    optimal_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached tokens over prompt tokens (0 for an empty stream)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def optimal_rate(self) -> float:
+        """The hit rate with unlimited memory: the most any pool size can reach."""
+        return self.optimal_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def smallest_pool(requests: Sequence[np.ndarray], page_size: int = 1) -> int:
+    """The fewest slots a replay can run with: the longest request, in whole pages.
+
+    Requests are served one at a time and every cached prefix but the running request's
+    own match can be evicted, so a pool this large never runs out.
+    """
+    page_size = as_positive(page_size, "page_size")
+    arrays = _as_requests(requests)
+    longest = max((len(r) for r in arrays), default=0)
+    return -(-longest // page_size) * page_size
+
+
+def replay_hit_rate(requests: Sequence[np.ndarray], num_slots: int, page_size: int = 1) -> ReplayResult:
+    """Serve ``requests`` in order (:func:`minikv.lifecycle.serve`) through a fresh radix cache and pool.
+
+    The pool has ``num_slots`` slots (whole pages); when it runs short the cache evicts its
+    least recently used unlocked leaves. Requests run one at a time, so at most one prefix
+    is locked at once. ``num_slots`` must be at least :func:`smallest_pool`.
+    """
+    page_size = as_positive(page_size, "page_size")
+    arrays = _as_requests(requests)
+    num_slots = as_positive(num_slots, "num_slots")
+    if num_slots % page_size:
+        raise ArgumentError(f"num_slots: {num_slots} is not a whole number of pages of {page_size}")
+    least = smallest_pool(arrays, page_size)
+    if num_slots < least:
+        raise ArgumentError(f"num_slots: {num_slots} slots cannot hold the longest request ({least} slots)")
+    manager = RadixCacheManager(page_size=page_size)
+    pool = PagePool(num_slots // page_size, page_size=page_size)
+    cached = sum(serve(manager, pool, ids).cached_len for ids in arrays)
+    optimal = 0
+    for ids, hit in zip(arrays, offline_optimal_hits(arrays, page_size), strict=True):
+        last = len(ids) - 1  # admit matches input_ids[:-1]
+        optimal += min(hit, last - last % page_size)
+    return ReplayResult(
+        num_slots=num_slots,
+        page_size=page_size,
+        cached_tokens=cached,
+        prompt_tokens=total_tokens(arrays),
+        evicted_slots=pool.num_evicted_slots,
+        optimal_tokens=optimal,
+    )
+
+
+def hit_rate_sweep(requests: Sequence[np.ndarray], pool_sizes: Sequence[int], page_size: int = 1) -> list[ReplayResult]:
+    """:func:`replay_hit_rate` for each pool size in ``pool_sizes`` (slots), in the order given."""
+    if isinstance(pool_sizes, (str, bytes)) or not isinstance(pool_sizes, Sequence):
+        raise ArgumentTypeError(f"pool_sizes must be a sequence of slot counts, got {type(pool_sizes).__name__}")
+    if not pool_sizes:
+        raise ArgumentError("pool_sizes must not be empty")
+    arrays = _as_requests(requests)
+    return [replay_hit_rate(arrays, size, page_size) for size in pool_sizes]
+
+
 # -- helpers -------------------------------------------------------------------
+
+
+def _as_requests(requests: Sequence[np.ndarray]) -> list[np.ndarray]:
+    if not isinstance(requests, (list, tuple)):
+        raise ArgumentTypeError(f"requests must be a list of token-id arrays, got {type(requests).__name__}")
+    return [as_token_ids(r, f"requests[{i}]") for i, r in enumerate(requests)]
 
 
 def _common_prefix_tokens(a: bytes, b: bytes) -> int:

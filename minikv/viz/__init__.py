@@ -32,7 +32,7 @@ from ..vocab import Vocab  # re-exported: the book's examples import it from her
 from . import storage
 from .engine import EngineDrawing, draw_engine
 from .player import FramePlayer, PlayerFrame
-from .plots import plot_hit_rate, plot_lifecycle, plot_sizes
+from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
@@ -58,6 +58,7 @@ __all__ = [
     "node_id",
     "outline",
     "plot_hit_rate",
+    "plot_hit_rate_sweep",
     "plot_lifecycle",
     "plot_sizes",
     "render_svg",

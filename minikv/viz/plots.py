@@ -1,5 +1,8 @@
 """Matplotlib pictures of what the cache did: a request's seven steps, slot counts over a replay, hit rates.
 
+:func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
+(:func:`minikv.workloads.hit_rate_sweep`), with the no-eviction rate as a dashed line.
+
 Every function draws from recorded values only (a request's ``trace``, a
 recorder's frames, match lengths) -- never from timings -- so the same run
 always gives the same figure. Each returns the :class:`~matplotlib.figure.Figure`.
@@ -14,7 +17,7 @@ when pyplot is imported.)
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -181,7 +184,63 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     return fig
 
 
+SWEEP_COLOURS = ("#1570ef", "#079455", "#d92d20", "#7f56d9", "#f79009")
+"""Line colours of the series of :func:`plot_hit_rate_sweep`, in order."""
+
+
+def plot_hit_rate_sweep(sweeps: Any, *, title: str | None = None) -> Figure:
+    """Hit rate (cached prompt tokens / prompt tokens) against pool size, one line per series.
+
+    ``sweeps`` is what :func:`minikv.workloads.hit_rate_sweep` returns (a sequence of
+    :class:`~minikv.workloads.ReplayResult`), or a mapping from a series name (a workload,
+    a page size) to one. Each series also gets its no-eviction rate (``optimal_rate``) as a
+    dashed line: the rate an unlimited pool would reach.
+    """
+    series = _sweep_series(sweeps)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    plt.close(fig)
+    for i, (name, results) in enumerate(series.items()):
+        colour = SWEEP_COLOURS[i % len(SWEEP_COLOURS)]
+        sizes = [r.num_slots for r in results]
+        ax.plot(sizes, [r.hit_rate for r in results], color=colour, marker="o", markersize=4, linewidth=1.4,
+                label=name or "hit rate")  # fmt: skip
+        ax.axhline(results[0].optimal_rate, color=colour, linestyle="--", linewidth=0.9, alpha=0.8,
+                   label=f"{name}: no eviction" if name else "no eviction")  # fmt: skip
+    all_sizes = [r.num_slots for results in series.values() for r in results]
+    logarithmic = max(all_sizes) > 20 * min(all_sizes)
+    if logarithmic:
+        ax.set_xscale("log")
+    ax.set_ylim(0, 1.05)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel("pool size (slots, log scale)" if logarithmic else "pool size (slots)")
+    ax.set_ylabel("prompt tokens cached")
+    ax.set_title(title or "Hit rate against pool size (LRU eviction)")
+    ax.legend(loc="lower right", frameon=False, fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 # -- inputs ---------------------------------------------------------------------
+
+
+def _sweep_series(sweeps: Any) -> dict[str, list[Any]]:
+    """``{name: results}`` from one sweep (name ``""``) or a mapping of them; every result checked."""
+    named = dict(sweeps) if isinstance(sweeps, Mapping) else {"": sweeps}
+    if not named:
+        raise ArgumentError("sweeps must not be empty")
+    series: dict[str, list[Any]] = {}
+    for name, results in named.items():
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"sweeps: series names must be str, got {type(name).__name__}")
+        if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not results:
+            raise ArgumentTypeError("sweeps: each series must be a non-empty sequence of ReplayResult")
+        for r in results:
+            if not all(hasattr(r, a) for a in ("num_slots", "hit_rate", "optimal_rate")):
+                raise ArgumentTypeError(f"sweeps: {type(r).__name__} is not a ReplayResult")
+        series[name] = list(results)
+    return series
 
 
 def _requests(requests: Any) -> list[Any]:
