@@ -136,7 +136,8 @@ class TreeRecorder(BaseCacheManager):
         start = TreeSnapshot.of(manager)
         if start.num_nodes:
             info = start.size_info
-            caption = f"start: {start.num_nodes} nodes hold {info.total_size} slots"
+            verb = "holds" if start.num_nodes == 1 else "hold"
+            caption = f"start: {_plural(start.num_nodes, 'node')} {verb} {_plural(info.total_size, 'slot')}"
         else:
             caption = "start: the tree is empty"
         self._append("start", caption, start, TreeChanges())
