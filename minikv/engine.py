@@ -559,34 +559,50 @@ class Engine:
 
 
 def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
-    """Every slot a cache manager's tree holds (none for the naive manager), in no particular order."""
-    if not isinstance(cache, RadixCacheManager):
+    """Every slot a cache manager's tree holds (none for a manager without a tree), in no particular order.
+
+    Any manager whose ``root_node`` has :class:`RadixTreeNode` children is read, so a learner's
+    own radix cache (exercise 5) is checked by :meth:`Engine.check` like minikv's.
+    """
+    root = getattr(cache, "root_node", None)
+    if root is None:
         return torch.empty(0, dtype=torch.int32)
     values = []
-    stack: list[RadixTreeNode] = list(cache.root_node.children.values())
+    stack: list[RadixTreeNode] = list(root.children.values())
     while stack:
         node = stack.pop()
         values.append(node.value)
         stack.extend(node.children.values())
-    return torch.cat(values) if values else torch.empty(0, dtype=torch.int32, device=cache.device)
+    return torch.cat(values) if values else torch.empty(0, dtype=torch.int32, device=getattr(cache, "device", "cpu"))
 
 
 def make_engine(
     model: TinyDecoder,
     num_pages: int,
     page_size: int = 1,
-    manager: str = "radix",
+    manager: str | BaseCacheManager = "radix",
     max_running: int = 8,
     overlap: bool = False,
     insert_after_prefill: bool = True,
     unsafe_early_free: bool = False,
 ) -> Engine:
-    """An engine with a fresh manager (``"radix"`` or ``"naive"``), pool and K/V storage shaped for ``model``."""
+    """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
+
+    ``manager`` is ``"radix"`` or ``"naive"`` for a fresh minikv manager, or a manager of your
+    own (an empty one, with ``page_size`` pages), such as the radix cache of exercise 5.
+    """
     from .base import KVCacheLayout
     from .mha_pool import MHAKVCache
 
-    if manager == "radix":
-        cache: BaseCacheManager = RadixCacheManager(model.device, page_size)
+    if isinstance(manager, BaseCacheManager):
+        own_page_size = getattr(manager, "page_size", 1)
+        if own_page_size != page_size:
+            raise ArgumentError(f"manager: its page_size is {own_page_size}, the engine's is {page_size}")
+        if manager.size_info.total_size:
+            raise ArgumentError("manager: must be empty (its tree holds slots of another pool)")
+        cache: BaseCacheManager = manager
+    elif manager == "radix":
+        cache = RadixCacheManager(model.device, page_size)
     elif manager == "naive":
         if page_size != 1:
             raise ArgumentError("manager: the naive manager works with page_size 1 only")

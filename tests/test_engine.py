@@ -335,3 +335,38 @@ def test_engine_parts_must_agree(model: TinyDecoder) -> None:
         make_engine(model, 8, page_size=4, manager="naive")
     with pytest.raises(ArgumentTypeError, match="TinyDecoder"):
         Engine(object(), engine.cache, engine.pool, engine.kv_cache)  # type: ignore[arg-type]
+
+
+# -- a manager of one's own ---------------------------------------------------------------------
+
+
+class OwnRadix(RadixCacheManager):
+    """A manager that is not minikv's class itself, as a learner's exercise-5 cache is not."""
+
+
+def test_make_engine_runs_a_manager_of_ones_own(model: TinyDecoder, prompts: list[list[int]], expected) -> None:
+    engine = make_engine(model, 96, page_size=2, manager=OwnRadix(page_size=2), max_running=4)
+    assert type(engine.cache) is OwnRadix
+    assert run_checked(engine, prompts, 10) == expected
+    assert len(tree_slots(engine.cache)) == engine.cache.size_info.total_size > 0
+
+
+def test_make_engine_refuses_a_manager_that_does_not_fit(model: TinyDecoder) -> None:
+    with pytest.raises(ArgumentError, match="manager: its page_size is 1, the engine's is 2"):
+        make_engine(model, 16, page_size=2, manager=OwnRadix())
+    used = OwnRadix()
+    used.insert_prefix([1, 2], [0, 1])
+    with pytest.raises(ArgumentError, match="manager: must be empty"):
+        make_engine(model, 16, manager=used)
+
+
+def test_tree_slots_reads_any_manager_with_a_root_node() -> None:
+    class Holder:
+        def __init__(self, root: object) -> None:
+            self.root_node = root
+
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [4, 5, 6])
+    manager.insert_prefix([1, 9], [4, 7])
+    assert sorted(tree_slots(Holder(manager.root_node)).tolist()) == [4, 5, 6, 7]  # type: ignore[arg-type]
+    assert tree_slots(object()).tolist() == []  # type: ignore[arg-type]
