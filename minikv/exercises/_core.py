@@ -365,13 +365,11 @@ def shrink_tuple(items: tuple[Any, ...], minimum: int = 0) -> Iterator[tuple[Any
 
 
 def shrink_int(value: int, lowest: int = 0) -> Iterator[int]:
-    """Smaller ints, towards ``lowest``: ``lowest`` itself, then halfway, then one less."""
-    if value > lowest:
-        yield lowest
-        if (value + lowest) // 2 not in (lowest, value):
-            yield (value + lowest) // 2
-        if value - 1 != lowest:
-            yield value - 1
+    """Smaller ints, smallest first: ``lowest``, then closer to ``value`` (halving the step), ``value - 1`` last."""
+    step = value - lowest
+    while step > 0:
+        yield value - step
+        step //= 2
 
 
 # -- side effects ------------------------------------------------------------------
@@ -557,7 +555,7 @@ def _refusal_code(owner: object, name: str) -> CodeType:
     source = f"def refuse(*args, **kwargs):\n    raise RuntimeError({_refusal_message(owner, name)!r})"
     exec(compile(source, __file__, "exec"), namespace)  # our own source: one constant message
     code: CodeType = namespace["refuse"].__code__
-    return code.replace(co_name=name, co_qualname=f"{_owner_name(owner)}.{name}")
+    return code.replace(co_name=name)
 
 
 def _refusal(owner: object, name: str) -> Callable[..., Any]:

@@ -96,9 +96,10 @@ def _random_bytes_case(reference: Callable[..., int], lowest_last: int, seed: in
 
     def shrink(args: tuple[object, ...]) -> list[tuple[object, ...]]:
         a, b, c, dtype = args
-        smaller = [(x, b, c, dtype) for x in shrink_int(int(a), 1)]  # type: ignore[call-overload]
-        smaller += [(a, x, c, dtype) for x in shrink_int(int(b), 1)]  # type: ignore[call-overload]
-        smaller += [(a, b, x, dtype) for x in shrink_int(int(c), lowest_last)]  # type: ignore[call-overload]
+        assert isinstance(a, int) and isinstance(b, int) and isinstance(c, int)
+        smaller: list[tuple[object, ...]] = [(x, b, c, dtype) for x in shrink_int(a, 1)]
+        smaller += [(a, x, c, dtype) for x in shrink_int(b, 1)]
+        smaller += [(a, b, x, dtype) for x in shrink_int(c, lowest_last)]
         return smaller
 
     def show(args: tuple[object, ...]) -> str:

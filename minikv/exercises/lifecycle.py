@@ -10,6 +10,7 @@ never two of these at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 from collections.abc import Callable
@@ -434,6 +435,10 @@ def _check_slots_to_free(fn: _F, args: FreeArgs, expected: list[int]) -> None:
         )
 
 
+def _scenario_case(scenario: Scenario, run: Callable[[_F, Scenario], None]) -> Case:
+    return Case(scenario.description, scenario.size, lambda fn: run(fn, scenario))
+
+
 # -- lifecycle.admit ---------------------------------------------------------------
 
 
@@ -549,7 +554,7 @@ def _no_evict_from(error: BaseException | None) -> None:
     forbid=((_lifecycle, "admit"), (_lifecycle, "serve"), (_minikv, "admit"), (_minikv, "serve")),
 )
 def _admit_cases() -> list[Case]:
-    return [Case(s.description, s.size, lambda fn, s=s: _run_admit(fn, s)) for s in ADMIT_SCENARIOS] + [
+    return [_scenario_case(s, _run_admit) for s in ADMIT_SCENARIOS] + [
         _random_scenarios("admit", _run_admit, seed=1000)
     ]
 
@@ -558,10 +563,8 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
     mine, ref = World(scenario), World(scenario)
     for event in scenario.events[:-1]:
         for world in (mine, ref):
-            try:  # the two worlds are twins: a request too large for the pool fails in both
+            with contextlib.suppress(OutOfSlotsError):  # twins: a request too large for the pool fails in both
                 _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
-            except OutOfSlotsError:
-                pass
     ids = scenario.events[-1].ids
     try:
         expected: Request | None = _lifecycle.admit(ref.manager, ref.pool, list(ids))
@@ -658,7 +661,7 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
     forbid=((_lifecycle, "finish"), (_lifecycle, "serve"), (_minikv, "finish"), (_minikv, "serve")),
 )
 def _finish_cases() -> list[Case]:
-    return [Case(s.description, s.size, lambda fn, s=s: _run_finish(fn, s)) for s in FINISH_SCENARIOS] + [
+    return [_scenario_case(s, _run_finish) for s in FINISH_SCENARIOS] + [
         _random_scenarios("finish", _run_finish, seed=1100)
     ]
 
@@ -706,7 +709,7 @@ def _run_finish(fn: _F, scenario: Scenario) -> None:
     forbid=tuple((owner, name) for owner in (_lifecycle, _minikv) for name in ("admit", "finish", "serve")),
 )
 def _serve_cases() -> list[Case]:
-    return [Case(s.description, s.size, lambda fn, s=s: _run_serve(fn, s)) for s in SERVE_SCENARIOS] + [
+    return [_scenario_case(s, _run_serve) for s in SERVE_SCENARIOS] + [
         _random_scenarios("serve", _run_serve, seed=1200)
     ]
 
