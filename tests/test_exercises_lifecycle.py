@@ -131,6 +131,14 @@ def free_sorted_and_unique(indices, cached_len, already_cached, page_size):
     return torch.unique(torch.cat([indices[cached_len:already_cached], indices[inserted_end:]]))  # sorts them
 
 
+@wrong("lifecycle.slots_to_free")
+def free_with_a_bit_mask(indices, cached_len, already_cached, page_size):
+    inserted_end = len(indices) & ~(page_size - 1)  # rounds down to a page only for powers of two
+    return torch.cat([indices[cached_len:already_cached], indices[inserted_end:]])
+
+
+WRONG["lifecycle.finish"].append(_finish_freeing(free_with_a_bit_mask))
+
 WRONG["lifecycle.serve"].append(
     _serve_with(S["admit"], S["finish"], start=lambda cached: 0, slots=lambda indices, cached: indices)
 )  # recomputes every token and rewrites the cached prefix's slots (with equal values)
