@@ -155,7 +155,12 @@ def admit_without_evict_from(manager, pool, input_ids):
     return handle, torch.cat([matched, new_slots])
 
 
-WRONG["lifecycle.admit"].append(admit_without_evict_from)
+def admit_peeks_at_the_whole_prompt(manager, pool, input_ids):
+    manager.match_prefix(input_ids)  # "is all of it cached?": a second match, which stamps the path again
+    return S["admit"](manager, pool, input_ids)
+
+
+WRONG["lifecycle.admit"] += [admit_without_evict_from, admit_peeks_at_the_whole_prompt]
 WRONG["lifecycle.serve"].append(_serve_with(admit_without_evict_from, S["finish"]))
 
 

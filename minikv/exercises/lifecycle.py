@@ -619,7 +619,7 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
             exp_text,
             got_text,
         )
-    _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=False)
+    _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=True)
     if mine.pool.num_free_pages != ref.pool.num_free_pages:
         raise Mismatch(
             "after your admit the pool should have "
