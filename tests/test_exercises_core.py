@@ -153,3 +153,17 @@ def test_wrong_answer_counts() -> None:
     counts = count_wrong_answers()
     print("wrong answers per exercise:", counts, "total", sum(counts.values()))
     assert sum(counts.values()) >= 2 * len(exercise_ids())
+
+
+def test_a_report_never_shows_equal_expected_and_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A difference the rendering cannot show (a child's key, say) is said in words, not as "expected X, got X"."""
+
+    def case_run(fn):
+        raise _core.Mismatch("the child is filed under the wrong key.", "root\n└─ [1, 2]", "root\n└─ [1, 2]")
+
+    exercise = _core.Exercise("core.same", "a case whose drawings agree", lambda: [_core.Case("one case", 1, case_run)])
+    monkeypatch.setitem(_core.REGISTRY, "core.same", exercise)
+    result = check("core.same", lambda: None)
+    failure = result.smallest_failure
+    assert failure.expected == "root\n└─ [1, 2]" and failure.got != failure.expected
+    assert "the difference is the one named above" in str(result)

@@ -178,11 +178,12 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
         with _time_limit(CASE_TIME_LIMIT_S):
             case.run(fn)
     except Mismatch as mismatch:
+        got = mismatch.got
+        if got and got == mismatch.expected:  # the difference does not show in this rendering: say so
+            got = "the same, as shown here: the difference is the one named above"
         if mismatch.size is not None:
-            return CaseResult(
-                case.description, mismatch.size, False, mismatch.problem, mismatch.expected, mismatch.got, False
-            )
-        return failed(mismatch.problem, mismatch.expected, mismatch.got)
+            return CaseResult(case.description, mismatch.size, False, mismatch.problem, mismatch.expected, got, False)
+        return failed(mismatch.problem, mismatch.expected, got)
     except LearnerRaised as learner:
         if type(learner.error) is NotImplementedError:
             return failed(_stub_sentence(learner.function, fn), not_written=True)
