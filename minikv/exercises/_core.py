@@ -17,6 +17,7 @@ import random
 import signal
 import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -213,6 +214,11 @@ def expect_equal(what: str, expected: Any, got: Any) -> None:
         except Exception:  # e.g. comparing a tensor with an int
             same = False
     if not same:
+        if isinstance(expected, list) and isinstance(got, list) and max(len(expected), len(got)) > 12:
+            from ._report import diff
+
+            where, expected_text, got_text = diff(expected, got)
+            raise Mismatch(f"{what} is wrong: {where}.", expected_text, got_text)
         raise Mismatch(f"{what} is wrong.", repr(expected), repr(got))
 
 
@@ -237,6 +243,8 @@ RANDOM_CASES = 24
 """How many inputs a randomised case draws (sizes growing from 1 to its largest size)."""
 SHRINK_TRIES = 300
 """At most this many extra runs of the learner's function to shrink a failing input."""
+SHRINK_SECONDS = 15.0
+"""And at most this long: a slow function gets a less shrunk input rather than the case's time limit."""
 
 
 class Invalid(Exception):
@@ -327,7 +335,10 @@ def _shrink(
     spec: Draw[Any], fn: Callable[..., Any], value: Any, size: int, seed: int, failure: Mismatch | LearnerRaised
 ) -> tuple[Any, int, int, Mismatch | LearnerRaised]:
     tries = 0
+    deadline = time.monotonic() + SHRINK_SECONDS
     for smaller in range(1, size):
+        if time.monotonic() > deadline:
+            break
         for other_seed in (seed, seed + 7919, seed + 104729):
             tries += 1
             candidate = spec.draw(random.Random(other_seed), smaller)
@@ -345,7 +356,8 @@ def _shrink(
         progress = False
         for candidate in spec.shrink(value):
             tries += 1
-            if tries >= SHRINK_TRIES:
+            if tries >= SHRINK_TRIES or time.monotonic() > deadline:
+                tries = SHRINK_TRIES
                 break
             found = _still_fails(spec, fn, candidate)
             if found is not None:
