@@ -55,6 +55,17 @@ def test_a_method_still_stubbed_is_named() -> None:
     assert "`test_a_method_still_stubbed_is_named.<locals>.evict` still raises NotImplementedError" in str(result)
 
 
+class HalfWritten(S["NaiveManager"]):
+    def evict(self, size):
+        raise NotImplementedError  # the stub, as a learner's class has it
+
+
+def test_the_stub_method_of_a_class_is_named() -> None:
+    result = check("naive.manager", HalfWritten)
+    assert not result.passed and result.num_passed > 0
+    assert "`HalfWritten.evict` still raises NotImplementedError: that method is still the stub" in str(result)
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("naive", WRONG)
