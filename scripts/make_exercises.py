@@ -13,12 +13,25 @@ become a stub in ``exercises/<name>.ipynb``::
     raise NotImplementedError
 
 (``### BEGIN SOLUTION pass`` makes the stub ``pass`` instead, for a Triton
-kernel body, which cannot raise). Cells with a stub are tagged
-``raises-exception``. The learner notebook gets the common install cell first,
-and is then executed with ``scripts/run_notebooks.py``, so its stored outputs
-are what nbval compares. ``--check`` regenerates the cells in memory and
-compares them with the stored notebooks (sources, types, tags, ids), without
-executing anything; nbval checks the outputs.
+kernel body, which cannot raise). A cell with a stub is tagged
+``raises-exception`` only if its last line is not a ``check(...)`` call:
+``check`` reports a stub instead of raising, so such a cell never raises.
+The learner notebook gets the common install cell first, and is then executed
+with ``scripts/run_notebooks.py``, so its stored outputs are what nbval compares.
+
+From the same source comes the solutions page ``exercises/solved/<name>.ipynb``
+(the book's "Solutions" part): the title, every task's heading, and every code
+cell with its solution in place (the markers removed), so that each
+``check(...)`` shows its passing report. It is executed and stored the same way.
+
+``--check`` regenerates the cells of both in memory and compares them with the
+stored notebooks (sources, types, tags, ids), without executing anything; nbval
+checks the outputs.
+
+The format of a solutions file, which other helpers rely on: percent cells as
+above; the first markdown cell starts with the title ``# Exercises N: ...``;
+each task's markdown cell starts with a ``## `` heading; a task's code cell ends
+with ``check("<id>", fn)``.
 """
 
 from __future__ import annotations
@@ -34,6 +47,8 @@ import nbformat
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "exercises" / "solutions"
 EXERCISES = REPO / "exercises"
+SOLVED = "solved"
+"""The solutions pages live in ``exercises/solved/`` (``exercises/solutions/`` is the source, kept out of the book)."""
 
 INSTALL_CELL = """\
 # On Colab: install minikv and graphviz. Elsewhere: nothing to do.
@@ -48,6 +63,7 @@ BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?P<mode>\s+pass)?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 CELL = re.compile(r"^# %%(?P<markdown>\s+\[markdown\])?(?:\s+tags=\[(?P<tags>[^\]]*)\])?\s*$")
 STUB_TAG = "raises-exception"
+CHECK_LAST = re.compile(r"^check\(.*\)\s*$")
 
 
 @dataclass
@@ -139,7 +155,8 @@ def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.Notebo
         source, stubbed = strip_solutions(cell.source)
         if keep_solutions:
             source = cell.source
-        tags = list(cell.tags) + ([STUB_TAG] if stubbed and STUB_TAG not in cell.tags else [])
+        raises = stubbed and not ends_with_check(source)
+        tags = list(cell.tags) + ([STUB_TAG] if raises and STUB_TAG not in cell.tags else [])
         new = nbformat.v4.new_code_cell(source)
         if tags:
             new.metadata["tags"] = tags
@@ -148,6 +165,69 @@ def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.Notebo
         cell.id = f"{name}-{i:02d}"
     nb.cells = made
     return nb
+
+
+def ends_with_check(source: str) -> bool:
+    """Whether a cell's last line is a ``check(...)`` call, which reports instead of raising."""
+    lines = [line for line in source.split("\n") if line.strip()]
+    return bool(lines) and bool(CHECK_LAST.match(lines[-1]))
+
+
+def without_markers(source: str) -> str:
+    """A code cell with its solution in place and the ``### BEGIN/END SOLUTION`` lines taken out."""
+    return "\n".join(line for line in source.split("\n") if not (BEGIN.match(line) or END.match(line)))
+
+
+def solved_title(title_cell: str, name: str) -> str:
+    """``# Exercises 2: the life of a request`` -> ``# Solutions 2: the life of a request``, and a pointer back."""
+    first = title_cell.split("\n", 1)[0]
+    heading = re.sub(r"^# Exercises\b", "# Solutions", first) if first.startswith("# ") else f"# Solutions: {name}"
+    if heading == first:  # a title of another shape
+        heading = "# Solutions: " + first.removeprefix("# ")
+    return (
+        f"{heading}\n\n"
+        f"The reference solutions of [the exercises]({_relative_learner(name)}), each followed by its "
+        "check passing. Try each task yourself first: the checks and hints are made to get you there, "
+        "and a solution read before trying teaches much less than one found. Your answer may differ "
+        "and still be right: the checks, not this page, say whether it is."
+    )
+
+
+def _relative_learner(name: str) -> str:
+    return f"../{name}.ipynb"
+
+
+def solved_notebook(name: str) -> nbformat.NotebookNode:
+    """The solutions page for ``exercises/solutions/<name>.py``, without outputs."""
+    cells = parse_percent((SOLUTIONS / f"{name}.py").read_text())
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    made = [nbformat.v4.new_code_cell(INSTALL_CELL, metadata={"tags": list(INSTALL_TAGS)})]
+    titled = False
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            if not titled:
+                made.append(nbformat.v4.new_markdown_cell(solved_title(cell.source, name)))
+                titled = True
+            elif cell.source.startswith("## "):
+                made.append(nbformat.v4.new_markdown_cell(cell.source.split("\n", 1)[0]))
+            continue
+        new = nbformat.v4.new_code_cell(without_markers(cell.source))
+        tags = [tag for tag in cell.tags if tag != STUB_TAG]
+        if tags:
+            new.metadata["tags"] = tags
+        made.append(new)
+    for i, cell in enumerate(made):
+        cell.id = f"{name}-solved-{i:02d}"
+    nb.cells = made
+    return nb
+
+
+def solved_path(name: str) -> Path:
+    return EXERCISES / SOLVED / f"{name}.ipynb"
 
 
 def names(selected: list[str]) -> list[str]:
@@ -165,6 +245,10 @@ def generate(name: str) -> None:
     path = EXERCISES / f"{name}.ipynb"
     nbformat.write(learner_notebook(name), path)
     run_notebooks.run(path)
+    solved = solved_path(name)
+    solved.parent.mkdir(exist_ok=True)
+    nbformat.write(solved_notebook(name), solved)
+    run_notebooks.run(solved)
 
 
 def _cell_signature(cell: nbformat.NotebookNode) -> tuple:
@@ -172,12 +256,18 @@ def _cell_signature(cell: nbformat.NotebookNode) -> tuple:
 
 
 def out_of_date(name: str) -> list[str]:
-    """Why ``exercises/<name>.ipynb`` does not match its solution (empty when it does)."""
-    path = EXERCISES / f"{name}.ipynb"
+    """Why ``exercises/<name>.ipynb`` or its solutions page does not match its solution (empty when both do)."""
+    problems = _stale(EXERCISES / f"{name}.ipynb", learner_notebook(name), f"exercises/{name}.ipynb")
+    label = f"exercises/{SOLVED}/{name}.ipynb"
+    for problem in _stale(solved_path(name), solved_notebook(name), label):
+        problems.append(problem if problem.startswith(label) else f"{label}: {problem}")
+    return problems
+
+
+def _stale(path: Path, fresh: nbformat.NotebookNode, label: str) -> list[str]:
     if not path.exists():
-        return [f"exercises/{name}.ipynb is missing"]
+        return [f"{label} is missing"]
     stored = nbformat.read(path, as_version=4)
-    fresh = learner_notebook(name)
     problems = []
     if stored.metadata.get("kernelspec", {}).get("name") != "python3":
         problems.append("its kernelspec name is not python3")
@@ -204,11 +294,11 @@ def main() -> int:
     if args.check:
         stale = {name: problems for name in selected if (problems := out_of_date(name))}
         for name, problems in stale.items():
-            print(f"exercises/{name}.ipynb is out of date: {'; '.join(problems)}")
+            print(f"exercises/{name}.ipynb or its solutions page is out of date: {'; '.join(problems)}")
         if stale:
             print("regenerate with: .venv/bin/python scripts/make_exercises.py " + " ".join(stale))
             return 1
-        print(f"{len(selected)} learner notebooks match their solutions")
+        print(f"{len(selected)} learner notebooks and their solutions pages match their solutions")
         return 0
     for name in selected:
         generate(name)

@@ -77,6 +77,18 @@ def all_wrong_answers() -> dict[str, list[Callable]]:
     return merged
 
 
+def assert_not_self_contradictory(result) -> None:
+    """No failed case says "expected X, got X": its expected and got parts differ (issue 15)."""
+    for case in result.cases:
+        if not case.passed and (case.expected or case.got):
+            assert case.expected != case.got, f"{result.exercise_id}: {case.description}: expected == got\n{case}"
+
+
+def count_wrong_answers() -> dict[str, int]:
+    """Wrong answers per exercise id, over every chapter file (the number the issue asks to report)."""
+    return {exercise_id: len(fns) for exercise_id, fns in all_wrong_answers().items()}
+
+
 def chapter_tests(chapter: str, wrong: WrongAnswers) -> tuple[Callable, Callable]:
     """The two tests of a chapter file; call it at the end of the file, after every wrong answer.
 
@@ -107,5 +119,6 @@ def chapter_tests(chapter: str, wrong: WrongAnswers) -> tuple[Callable, Callable
         assert "Smallest failing case:" in text and failure.description in text
         assert "Smallest failing case:" in page
         assert str(REPO) not in text and str(REPO) not in page
+        assert_not_self_contradictory(result)
 
     return test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report

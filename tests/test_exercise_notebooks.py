@@ -2,6 +2,8 @@
 
 * ``scripts/make_exercises.py --check`` says every learner notebook matches its solution;
 * every solution passes every check it runs (the solutions are executed here);
+* every exercise notebook has a solutions page (``exercises/solved/``, the book's Solutions part)
+  made from the same source, whose stored checks all pass;
 * every learner notebook starts with the install cell and a title with a Colab badge,
   gives each exercise id a heading, a stub and a check, hides hints in dropdowns,
   and stores, for every stub, a "not written yet" report: a message, not a traceback,
@@ -34,6 +36,10 @@ def _learner(name: str) -> nbformat.NotebookNode:
     return nbformat.read(REPO / "exercises" / f"{name}.ipynb", as_version=4)
 
 
+def _solved(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(REPO / "exercises" / "solved" / f"{name}.ipynb", as_version=4)
+
+
 def _output_text(cell: nbformat.NotebookNode) -> str:
     parts = []
     for output in cell.get("outputs", []):
@@ -49,6 +55,8 @@ def test_the_solutions_are_the_notebooks_of_the_table_of_contents() -> None:
     toc = (REPO / "_toc.yml").read_text()
     for name in NAMES:
         assert f"file: exercises/{name}" in toc
+        assert f"file: exercises/solved/{name}" in toc
+    assert toc.index("caption: Exercises") < toc.index("caption: Solutions") < toc.index("caption: Reference")
 
 
 def test_learner_notebooks_are_up_to_date() -> None:
@@ -67,8 +75,21 @@ def test_the_check_notices_a_stale_notebook(tmp_path: Path, monkeypatch: pytest.
     stale.cells[4].source = stale.cells[4].source.replace("raise NotImplementedError", "return 0")
     monkeypatch.setattr(make_exercises, "EXERCISES", tmp_path)
     nbformat.write(stale, tmp_path / "ex1_capacity.ipynb")
+    nbformat.write(_solved("ex1_capacity"), tmp_path / "solved.ipynb")
+    (tmp_path / "solved").mkdir()
+    (tmp_path / "solved.ipynb").rename(tmp_path / "solved" / "ex1_capacity.ipynb")
     assert make_exercises.out_of_date("ex1_capacity") == ["cell 4 differs from what the solution makes"]
-    assert make_exercises.out_of_date("ex2_lifecycle") == ["exercises/ex2_lifecycle.ipynb is missing"]
+    assert make_exercises.out_of_date("ex2_lifecycle") == [
+        "exercises/ex2_lifecycle.ipynb is missing",
+        "exercises/solved/ex2_lifecycle.ipynb is missing",
+    ]
+    stale_solved = _solved("ex1_capacity")
+    stale_solved.cells[3].source += "\n# changed"
+    nbformat.write(stale_solved, tmp_path / "solved" / "ex1_capacity.ipynb")
+    assert make_exercises.out_of_date("ex1_capacity") == [
+        "cell 4 differs from what the solution makes",
+        "exercises/solved/ex1_capacity.ipynb: cell 3 differs from what the solution makes",
+    ]
 
 
 def test_stubs_replace_exactly_the_marked_lines() -> None:
@@ -176,7 +197,8 @@ def test_each_task_has_a_heading_a_stub_a_check_and_hints(name: str) -> None:
             f"{exercise_id} has no hint dropdown"
         )
         assert "# YOUR CODE HERE" in cell.source and "BEGIN SOLUTION" not in cell.source
-        assert "raises-exception" in cell.metadata.get("tags", [])
+        # check() reports a stub instead of raising, so a cell that ends with it never raises
+        assert "raises-exception" not in cell.metadata.get("tags", [])
         assert cell.source.rstrip().endswith(call.group(0)), (
             "the check must be the cell's last line, so its report shows"
         )
@@ -209,6 +231,40 @@ def test_no_solution_leaks_into_a_learner_notebook() -> None:
         assert hidden
         leaked = sorted(line for line in hidden - visible if len(line) > 12 and line in learner_lines)
         assert not leaked, f"{name}: solution lines in the learner notebook: {leaked}"
+
+
+def test_stub_tags_only_where_a_cell_can_raise() -> None:
+    nb = make_exercises.learner_notebook("ex1_capacity")
+    assert not any("raises-exception" in cell.metadata.get("tags", []) for cell in nb.cells)
+    assert make_exercises.ends_with_check('def f():\n    pass\n\n\ncheck("a.b", f)\n')
+    assert not make_exercises.ends_with_check('check("a.b", f)\nf()')
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_solutions_page_shows_every_solution_passing(name: str) -> None:
+    """The Solutions part: the same code cells as the exercise, solutions in place, each check's report a pass."""
+    fresh = make_exercises.solved_notebook(name)
+    assert fresh.cells[0].source == make_exercises.INSTALL_CELL
+    title = fresh.cells[1].source
+    assert title.startswith("# Solutions") and f"../{name}.ipynb" in title
+    code = [cell.source for cell in fresh.cells if cell.cell_type == "code"]
+    assert not any("SOLUTION" in source or "# YOUR CODE HERE" in source for source in code)
+    learner_code = [cell for cell in make_exercises.learner_notebook(name).cells if cell.cell_type == "code"]
+    assert len(code) == len(learner_code)
+    stored = _solved(name)
+    assert [cell.source for cell in stored.cells] == [cell.source for cell in fresh.cells]
+    checked = 0
+    for cell in stored.cells:
+        call = CHECK_CALL.search(cell.source) if cell.cell_type == "code" else None
+        if call is None:
+            continue
+        checked += 1
+        report = _output_text(cell)
+        assert f"✓ {call['id']}: all " in report and "✗" not in report, report
+    assert checked >= 3
+    for cell in stored.cells:
+        assert cell.cell_type != "code" or cell.get("execution_count") is not None
+        assert all(output.output_type != "error" for output in cell.get("outputs", []))
 
 
 def test_solutions_stay_out_of_the_book() -> None:

@@ -67,8 +67,58 @@ def deallocate_frees_shared_blocks(pool, block_table):
         pool.free_block_ids.append(block_id)
 
 
+@wrong("blocks.block_hashes")
+def hashes_consume_the_callers_list(token_ids, block_size):
+    hashes, prefix = [], -1
+    while len(token_ids) >= block_size:
+        prefix = S["compute_hash"](token_ids[:block_size], prefix)
+        hashes.append(prefix)
+        del token_ids[:block_size]  # the right hashes, but the caller's tokens are gone
+    return hashes
+
+
+@wrong("blocks.deallocate")
+def deallocate_reverses_the_callers_table(pool, block_table):
+    block_table.reverse()  # the right pool, but the request's block table is now backwards
+    for block_id in block_table:
+        block = pool.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            pool.free_block_ids.append(block_id)
+
+
+def hashes_by_recursion(token_ids, block_size, prefix=-1):
+    if len(token_ids) < block_size:
+        return []
+    head = S["compute_hash"](token_ids[:block_size], prefix)
+    return [head, *hashes_by_recursion(token_ids[block_size:], block_size, head)]
+
+
+def deallocate_by_slice(pool, block_table):
+    for block_id in block_table[::-1]:
+        pool.blocks[block_id].ref_count -= 1
+        if not pool.blocks[block_id].ref_count:
+            pool.free_block_ids.extend([block_id])
+
+
+def test_correct_alternatives_pass() -> None:
+    for exercise_id, fn in [
+        ("blocks.block_hashes", hashes_by_recursion),
+        ("blocks.deallocate", deallocate_by_slice),
+    ]:
+        result = check(exercise_id, fn)
+        assert result.passed, str(result)
+
+
 def _allocate_variant(
-    *, last_block: bool = False, guard: bool = True, stale: bool = True, cost: bool = True, take_back: bool = True
+    *,
+    last_block: bool = False,
+    guard: bool = True,
+    stale: bool = True,
+    cost: bool = True,
+    take_back: bool = True,
+    guard_first_only: bool = False,
+    consume: bool = False,
 ) -> Callable:
     """The solution's allocate with one rule switched off."""
 
@@ -79,8 +129,9 @@ def _allocate_variant(
         hits = []
         for i in range(min(len(hashes), num_blocks if last_block else num_blocks - 1)):
             block_id = pool.hash_to_block.get(hashes[i])
+            guarded = guard and (i == 0 or not guard_first_only)
             if block_id is None or (
-                guard and pool.blocks[block_id].token_ids != tuple(token_ids[i * size : (i + 1) * size])
+                guarded and pool.blocks[block_id].token_ids != tuple(token_ids[i * size : (i + 1) * size])
             ):
                 break
             hits.append(block_id)
@@ -104,6 +155,8 @@ def _allocate_variant(
                     block.hash, block.token_ids = hashes[i], tuple(token_ids[i * size : (i + 1) * size])
                     pool.hash_to_block[block.hash] = block.block_id
             table.append(block.block_id)
+        if consume:
+            token_ids.clear()  # the caller's prompt is gone
         return table, len(hits) * size
 
     return allocate
@@ -119,6 +172,8 @@ WRONG["blocks.allocate"] = [
     _allocate_variant(stale=False),
     _allocate_variant(cost=False),
     _allocate_variant(take_back=False),
+    _allocate_variant(guard_first_only=True),
+    _allocate_variant(consume=True),
 ]
 
 

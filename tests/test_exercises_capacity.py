@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 from exercise_helpers import WrongAnswers, chapter_tests
 
+from minikv import capacity
+from minikv.exercises import check
+
 WRONG = WrongAnswers()
 wrong = WRONG.register
 
@@ -76,6 +79,115 @@ def sharing_only_the_common_prefix_of_all(prompts):
     while all(len(p) > common for p in prompts) and len({p[common] for p in prompts}) == 1:
         common += 1
     return sum(len(p) for p in prompts) - (len(prompts) - 1) * common
+
+
+# -- wrong answers the hand-made cases alone passed (issue 15) ---------------------------------
+
+_SIZES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+
+
+@wrong("capacity.kv_bytes_per_token")
+def kv_bytes_knows_three_dtypes(num_layers, num_kv_heads, head_dim, dtype):
+    return 2 * num_layers * num_kv_heads * head_dim * _SIZES[dtype]  # float64, ints, float8...: KeyError
+
+
+@wrong("capacity.kv_bytes_per_token")
+def kv_bytes_from_finfo(num_layers, num_kv_heads, head_dim, dtype):
+    return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8  # float types only
+
+
+@wrong("capacity.mla_bytes_per_token")
+def mla_knows_three_dtypes(num_layers, rank, rope, dtype):
+    return num_layers * (rank + rope) * _SIZES[dtype]
+
+
+@wrong("capacity.tokens_that_fit")
+def fit_through_a_float(memory, per_token):
+    return int(memory / per_token)  # exact only below 2^53
+
+
+@wrong("capacity.cached_tokens_with_sharing")
+def sharing_sorts_the_callers_list(prompts):
+    prompts.sort()  # the right count, but the caller's list is reordered
+    total, previous = 0, []
+    for prompt in prompts:
+        common = 0
+        while common < min(len(prompt), len(previous)) and prompt[common] == previous[common]:
+            common += 1
+        total += len(prompt) - common
+        previous = prompt
+    return total
+
+
+@wrong("capacity.cached_tokens_with_sharing")
+def sharing_keys_as_bytes(prompts):
+    return len({bytes(prompt[: i + 1]) for prompt in prompts for i in range(len(prompt))})  # ids < 256 only
+
+
+@wrong("capacity.cached_tokens_with_sharing")
+def sharing_keys_as_digits(prompts):
+    return len({"".join(map(str, prompt[: i + 1])) for prompt in prompts for i in range(len(prompt))})  # 1,23 == 12,3
+
+
+# -- correct alternatives, written differently from the solutions: they must pass -------------
+
+
+def kv_bytes_by_itemsize(num_layers, num_kv_heads, head_dim, dtype):
+    total = 0
+    for _ in range(num_layers):
+        total += num_kv_heads * head_dim * dtype.itemsize * 2
+    return total
+
+
+def fit_by_divmod(memory, per_token):
+    tokens, _rest = divmod(memory, per_token)
+    return tokens
+
+
+def sharing_by_trie(prompts):
+    def count(node):
+        return sum(1 + count(child) for child in node.values())
+
+    root: dict = {}
+    for prompt in prompts:
+        node = root
+        for token in prompt:
+            node = node.setdefault(token, {})
+    return count(root)
+
+
+def sharing_sorted_copy(prompts):
+    total, previous = 0, []
+    for prompt in sorted(prompts):
+        common = next((i for i, (a, b) in enumerate(zip(prompt, previous, strict=False)) if a != b), None)
+        common = min(len(prompt), len(previous)) if common is None else common
+        total += len(prompt) - common
+        previous = prompt
+    return total
+
+
+def test_correct_alternatives_pass() -> None:
+    for exercise_id, fn in [
+        ("capacity.kv_bytes_per_token", kv_bytes_by_itemsize),
+        ("capacity.tokens_that_fit", fit_by_divmod),
+        ("capacity.cached_tokens_with_sharing", sharing_by_trie),
+        ("capacity.cached_tokens_with_sharing", sharing_sorted_copy),
+    ]:
+        result = check(exercise_id, fn)
+        assert result.passed, str(result)
+
+
+def test_the_reference_under_another_name_is_refused() -> None:
+    mine = capacity.kv_bytes_per_token
+
+    def wrapper(*args):
+        return mine(*args)
+
+    for fn in (mine, wrapper):
+        result = check("capacity.kv_bytes_per_token", fn)
+        assert not result.passed
+        assert "minikv's own answer" in result.smallest_failure.problem
+    assert capacity.kv_bytes_per_token(1, 1, 1, torch.float32) == 8  # switched on again
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

@@ -7,7 +7,7 @@ The per-exercise wrong answers live in one file per chapter, ``test_exercises_<c
 from __future__ import annotations
 
 import pytest
-from exercise_helpers import REPO, all_wrong_answers, solution_for
+from exercise_helpers import REPO, all_wrong_answers, count_wrong_answers, solution_for
 
 from minikv.exercises import _core, check, exercise_ids
 
@@ -34,13 +34,13 @@ def test_a_stub_is_reported_as_not_written_without_paths() -> None:
 
 
 def test_a_learner_exception_names_the_line_not_the_file() -> None:
-    def evict(manager, size):
-        leaves = []
-        return leaves[size]  # IndexError
+    def tokens_that_fit(memory, per_token):
+        budgets = []
+        return budgets[memory]  # IndexError
 
-    result = check("radix.evict", evict)
+    result = check("capacity.tokens_that_fit", tokens_that_fit)
     problem = result.smallest_failure.problem
-    assert "IndexError" in problem and "in evict, at `return leaves[size]  # IndexError`" in problem
+    assert "IndexError" in problem and "in tokens_that_fit, at `return budgets[memory]  # IndexError`" in problem
     assert str(REPO) not in str(result)
 
 
@@ -51,40 +51,84 @@ def test_exits_from_the_learners_code_are_failed_cases(error: BaseException) -> 
     def learner(*args, **kwargs):
         raise error
 
-    for exercise_id in ("radix.evict", "capacity.kv_bytes_per_token"):
+    for exercise_id in ("blocks.deallocate", "capacity.kv_bytes_per_token"):
         result = check(exercise_id, learner)
         assert not result.passed and not result.not_written
         assert type(error).__name__ in result.smallest_failure.problem
 
 
 def test_ctrl_c_still_stops_a_check() -> None:
-    def evict(manager, size):
+    def deallocate(pool, block_table):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        check("radix.evict", evict)
+        check("blocks.deallocate", deallocate)
 
 
 def test_calling_the_reference_is_refused() -> None:
-    result = check("radix.evict", lambda manager, size: manager.evict(size))
+    import minikv
+
+    result = check("lifecycle.admit", lambda manager, pool, ids: minikv.lifecycle.admit(manager, pool, ids.tolist()))
     assert not result.passed
     assert "minikv's own answer" in result.smallest_failure.problem
     # and the reference works again afterwards
-    from minikv import RadixCacheManager
+    manager, pool = minikv.RadixCacheManager(), minikv.PagePool(4)
+    assert minikv.admit(manager, pool, [1, 2]).indices.tolist() == [0, 1]
 
-    manager = RadixCacheManager()
-    manager.insert_prefix([1, 2], [0, 1])
-    assert manager.evict(1).tolist() == [0, 1]
+
+def test_the_reference_under_any_name_is_refused() -> None:
+    """Bound to another name before check runs, wrapped, partially applied or copied: still refused."""
+    import functools
+    import types
+
+    from minikv import capacity
+    from minikv.capacity import tokens_that_fit as imported_early
+
+    copy = types.FunctionType(capacity.tokens_that_fit.__code__, capacity.tokens_that_fit.__globals__, "fit")
+
+    def wrapper(memory, per_token):
+        return imported_early(memory, per_token)
+
+    def calls_the_copy(memory, per_token):
+        return copy(memory, per_token)
+
+    for fn in (imported_early, wrapper, functools.partial(imported_early), copy, calls_the_copy):
+        result = check("capacity.tokens_that_fit", fn)
+        assert not result.passed, fn
+        assert "minikv's own answer" in result.smallest_failure.problem, str(result)
+    assert capacity.tokens_that_fit(10, 3) == 3 and imported_early.__code__.co_name == "tokens_that_fit"
+
+
+def test_a_random_failure_is_shrunk_and_reproducible() -> None:
+    """A wrong answer that fails only for large inputs is reported at the smallest input that fails, with its seed."""
+
+    def fit(memory, per_token):
+        return memory // per_token if memory < 1000 else memory // per_token + 1
+
+    first, again = str(check("capacity.tokens_that_fit", fit)), str(check("capacity.tokens_that_fit", fit))
+    assert first == again
+    result = check("capacity.tokens_that_fit", fit)
+    failure = next(case for case in result.cases if not case.passed and "random" in case.description)
+    assert "seed" in failure.problem and "tokens_that_fit(1000, " in failure.problem, failure.problem
+
+
+def test_reports_diff_long_lists() -> None:
+    from minikv.exercises._report import diff
+
+    where, expected, got = diff(list(range(100)), [*range(50), 7, *range(51, 100)])
+    assert where == "they first differ at position 50: expected 50, got 7"
+    assert expected.startswith("[…, 48, 49, >50<, 51, 52, …]") and got.startswith("[…, 48, 49, >7<, 51, 52, …]")
+    assert len(expected) < 60
 
 
 def test_a_function_that_never_returns_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_core, "CASE_TIME_LIMIT_S", 0.2)
 
-    def match_len(key, input_ids):
+    def tokens_that_fit(memory, per_token):
         while True:
             pass
 
-    result = check("radix.match_len", match_len)
+    result = check("capacity.tokens_that_fit", tokens_that_fit)
     assert not result.passed
     assert "took longer than" in result.smallest_failure.problem
 
@@ -101,4 +145,25 @@ def test_bad_arguments_to_check_raise() -> None:
     with pytest.raises(ArgumentError, match=r"unknown exercise 'radix\.nope'"):
         check("radix.nope", lambda: None)
     with pytest.raises(ArgumentTypeError, match="fn"):
-        check("radix.evict", 42)
+        check("blocks.deallocate", 42)
+
+
+def test_wrong_answer_counts() -> None:
+    """The measure of issue 15: how many wrong answers each exercise's check is tried with (all must fail)."""
+    counts = count_wrong_answers()
+    print("wrong answers per exercise:", counts, "total", sum(counts.values()))
+    assert sum(counts.values()) >= 2 * len(exercise_ids())
+
+
+def test_a_report_never_shows_equal_expected_and_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A difference the rendering cannot show (a child's key, say) is said in words, not as "expected X, got X"."""
+
+    def case_run(fn):
+        raise _core.Mismatch("the child is filed under the wrong key.", "root\n└─ [1, 2]", "root\n└─ [1, 2]")
+
+    exercise = _core.Exercise("core.same", "a case whose drawings agree", lambda: [_core.Case("one case", 1, case_run)])
+    monkeypatch.setitem(_core.REGISTRY, "core.same", exercise)
+    result = check("core.same", lambda: None)
+    failure = result.smallest_failure
+    assert failure.expected == "root\n└─ [1, 2]" and failure.got != failure.expected
+    assert "the difference is the one named above" in str(result)

@@ -10,6 +10,9 @@ from collections.abc import Callable
 import torch
 from exercise_helpers import S, WrongAnswers, chapter_tests
 
+import minikv
+from minikv.exercises import check
+
 WRONG = WrongAnswers()
 wrong = WRONG.register
 
@@ -117,6 +120,130 @@ WRONG["lifecycle.serve"] = [
     _serve_with(S["admit"], S["finish"], start=lambda cached: 0),  # K/V of every token into the new slots
     _serve_with(S["admit"], S["finish"], slots=lambda indices, cached: indices[: len(indices) - cached]),  # wrong slots
 ]
+
+
+# -- wrong answers the hand-made cases alone passed (issue 15) ---------------------------------
+
+
+@wrong("lifecycle.slots_to_free")
+def free_sorted_and_unique(indices, cached_len, already_cached, page_size):
+    inserted_end = len(indices) - len(indices) % page_size
+    return torch.unique(torch.cat([indices[cached_len:already_cached], indices[inserted_end:]]))  # sorts them
+
+
+@wrong("lifecycle.slots_to_free")
+def free_with_a_bit_mask(indices, cached_len, already_cached, page_size):
+    inserted_end = len(indices) & ~(page_size - 1)  # rounds down to a page only for powers of two
+    return torch.cat([indices[cached_len:already_cached], indices[inserted_end:]])
+
+
+WRONG["lifecycle.finish"].append(_finish_freeing(free_with_a_bit_mask))
+
+WRONG["lifecycle.serve"].append(
+    _serve_with(S["admit"], S["finish"], start=lambda cached: 0, slots=lambda indices, cached: indices)
+)  # recomputes every token and rewrites the cached prefix's slots (with equal values)
+
+
+def admit_without_evict_from(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids[:-1])
+    manager.lock_handle(handle)
+    try:
+        new_slots = pool.allocate(len(input_ids) - handle.cached_len)
+    except Exception:
+        manager.lock_handle(handle, unlock=True)
+        raise
+    return handle, torch.cat([matched, new_slots])
+
+
+def admit_peeks_at_the_whole_prompt(manager, pool, input_ids):
+    manager.match_prefix(input_ids)  # "is all of it cached?": a second match, which stamps the path again
+    return S["admit"](manager, pool, input_ids)
+
+
+WRONG["lifecycle.admit"] += [admit_without_evict_from, admit_peeks_at_the_whole_prompt]
+WRONG["lifecycle.serve"].append(_serve_with(admit_without_evict_from, S["finish"]))
+
+
+def test_admit_without_evict_from_is_pointed_at_it() -> None:
+    result = check("lifecycle.admit", admit_without_evict_from)
+    assert "evict_from=manager" in result.smallest_failure.problem, str(result)
+
+
+# -- correct alternatives, written differently from the solutions: they must pass -------------
+
+
+def free_by_mask(indices, cached_len, already_cached, page_size):
+    n = len(indices)
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[cached_len:already_cached] = True
+    keep[n - n % page_size :] = True
+    return indices[keep]
+
+
+def free_by_loop(indices, cached_len, already_cached, page_size):
+    out = []
+    for position, slot in enumerate(indices.tolist()):
+        if cached_len <= position < already_cached or position >= len(indices) // page_size * page_size:
+            out.append(slot)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def admit_with_finally(manager, pool, input_ids):
+    handle, matched = manager.match_prefix(input_ids[: len(input_ids) - 1])
+    manager.lock_handle(handle)
+    ok = False
+    try:
+        fresh = pool.allocate(len(input_ids) - len(matched), evict_from=manager)
+        ok = True
+    finally:
+        if not ok:
+            manager.lock_handle(handle, unlock=True)
+    return handle, torch.cat((matched.to(fresh.dtype), fresh))
+
+
+def serve_layer_by_layer_slices(manager, pool, input_ids, kv_cache, kv_fn):
+    handle, indices = admit_with_finally(manager, pool, input_ids)
+    for layer in range(kv_cache.num_layers):
+        k, v = kv_fn(layer, input_ids, 0)  # every token's K/V, then only the new rows
+        kv_cache.store_kv(k[handle.cached_len :], v[handle.cached_len :], indices[handle.cached_len :], layer)
+    S["finish"](manager, pool, input_ids, handle, indices)
+    return handle.cached_len
+
+
+def test_correct_alternatives_pass() -> None:
+    for exercise_id, fn in [
+        ("lifecycle.slots_to_free", free_by_mask),
+        ("lifecycle.slots_to_free", free_by_loop),
+        ("lifecycle.admit", admit_with_finally),
+        ("lifecycle.serve", serve_layer_by_layer_slices),
+    ]:
+        result = check(exercise_id, fn)
+        assert result.passed, str(result)
+
+
+def test_the_reference_under_another_name_is_refused() -> None:
+    from minikv.lifecycle import admit as my_admit
+
+    def serve(manager, pool, input_ids, kv_cache, kv_fn):
+        return minikv.serve(manager, pool, input_ids, kv_cache, kv_fn).cached_len
+
+    for exercise_id, fn in [("lifecycle.admit", my_admit), ("lifecycle.serve", serve)]:
+        result = check(exercise_id, fn)
+        assert not result.passed
+        assert "minikv's own answer" in result.smallest_failure.problem
+
+
+def test_a_stub_that_serve_calls_is_named() -> None:
+    def admit(manager, pool, input_ids):
+        raise NotImplementedError
+
+    def serve(manager, pool, input_ids, kv_cache, kv_fn):
+        handle, _ = admit(manager, pool, input_ids)
+        return handle.cached_len
+
+    result = check("lifecycle.serve", serve)
+    assert result.not_written
+    assert "`test_a_stub_that_serve_calls_is_named.<locals>.admit` still raises NotImplementedError" in str(result)
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import torch
 from exercise_helpers import S, WrongAnswers, chapter_tests
 
-from minikv import NaiveCacheHandle
+from minikv import NaiveCacheHandle, NaiveCacheManager
+from minikv.exercises import check
 
 WRONG = WrongAnswers()
 wrong = WRONG.register
@@ -29,6 +30,40 @@ WRONG["naive.manager"] = [
         "InsertReturnsTokensCount", insert_prefix=lambda self, ids, indices: len(ids) - 1 if len(ids) else 0
     ),
 ]
+
+
+class NaiveSubclass(NaiveCacheManager):
+    """minikv's own manager under the learner's name: its methods are the reference's."""
+
+
+WRONG["naive.manager"] += [NaiveCacheManager, NaiveSubclass]
+
+
+def test_the_reference_under_another_name_is_refused() -> None:
+    NaiveManager = NaiveCacheManager
+    result = check("naive.manager", NaiveManager)
+    assert not result.passed and "minikv's own answer" in result.smallest_failure.problem
+    assert NaiveCacheManager().insert_prefix([1], [0]) == 1  # switched on again
+
+
+def test_a_method_still_stubbed_is_named() -> None:
+    def evict(self, size):
+        raise NotImplementedError
+
+    result = check("naive.manager", _naive_variant("NaiveManager", evict=evict))
+    assert not result.passed and not result.not_written
+    assert "`test_a_method_still_stubbed_is_named.<locals>.evict` still raises NotImplementedError" in str(result)
+
+
+class HalfWritten(S["NaiveManager"]):
+    def evict(self, size):
+        raise NotImplementedError  # the stub, as a learner's class has it
+
+
+def test_the_stub_method_of_a_class_is_named() -> None:
+    result = check("naive.manager", HalfWritten)
+    assert not result.passed and result.num_passed > 0
+    assert "`HalfWritten.evict` still raises NotImplementedError: that method is still the stub" in str(result)
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

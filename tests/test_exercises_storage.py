@@ -72,6 +72,43 @@ def slots_end_inclusive(page_table, start, end, page_size):
     return page_table[positions // page_size].long() * page_size + positions % page_size
 
 
+@wrong("storage.tp_head_range")
+def heads_forget_negative_ranks(num_kv_heads, tp_rank, tp_size):
+    if num_kv_heads % tp_size or tp_rank >= tp_size:
+        raise ValueError("bad split")
+    local = num_kv_heads // tp_size
+    return range(tp_rank * local, (tp_rank + 1) * local)  # rank -1 gets a range of negative heads
+
+
+@wrong("storage.page_first_view")
+def view_with_strides_from_the_shape(buffer):
+    two, pages, layers, heads, dim = buffer.shape  # right only for a contiguous buffer at offset 0
+    return buffer.as_strided(
+        (two, layers, pages, heads, dim),
+        (pages * layers * heads * dim, heads * dim, layers * heads * dim, dim, 1),
+    )
+
+
+@wrong("storage.page_first_view")
+def view_forgets_the_offset(buffer):
+    s = buffer.stride()
+    shape = (buffer.shape[0], buffer.shape[2], buffer.shape[1], *buffer.shape[3:])
+    return buffer.as_strided(shape, (s[0], s[2], s[1], s[3], s[4]), 0)  # as_strided's offset is not the view's
+
+
+@wrong("storage.slot_mapping")
+def slots_through_float32(page_table, start, end, page_size):
+    positions = torch.arange(start, end)
+    return (page_table[positions // page_size].float() * page_size + positions % page_size).long()  # 2^24
+
+
+@wrong("storage.slot_mapping")
+def slots_scale_the_callers_table(page_table, start, end, page_size):
+    positions = torch.arange(start, end)
+    page_table.mul_(page_size)  # right slots, but the caller's page table is now scaled
+    return page_table[positions // page_size].long() + positions % page_size
+
+
 def _checked(store: Callable) -> Callable:
     """Validation first (a correct part), so that only the bug under test differs."""
 
@@ -118,6 +155,86 @@ def store_torch_ignores_pages(k_cache, v_cache, indices, k, v):
     v_cache[slots, 0] = v
 
 
+@wrong("storage.store_torch")
+def store_torch_checks_only_the_last_slot(k_cache, v_cache, indices, k, v):
+    num_pages, ps = k_cache.shape[:2]
+    if len(indices) and not 0 <= int(indices[-1]) < num_pages * ps:
+        raise IndexError("slot out of range")
+    slots = indices.long()
+    k_cache[slots // ps, slots % ps] = k
+    v_cache[slots // ps, slots % ps] = v
+
+
+@wrong("storage.store_torch")
+@_checked
+def store_torch_one_row_view(k_cache, v_cache, indices, k, v):
+    pages, ps, heads, dim = k_cache.shape
+    flat_k = k_cache.as_strided((pages * ps, heads * dim), (k_cache.stride(1), 1))  # rows assumed contiguous
+    flat_v = v_cache.as_strided((pages * ps, heads * dim), (v_cache.stride(1), 1))
+    rows = (indices.long() // ps) * (k_cache.stride(0) // k_cache.stride(1)) + indices.long() % ps
+    flat_k[rows] = k.reshape(len(indices), -1)
+    flat_v[rows] = v.reshape(len(indices), -1)
+
+
+def store_torch_token_by_token(k_cache, v_cache, indices, k, v):
+    """A correct alternative: one token at a time, validated first."""
+    pages, ps = k_cache.shape[:2]
+    slots = [int(s) for s in indices]
+    if any(s < 0 or s >= pages * ps for s in slots):
+        raise IndexError("slot out of range")
+    for i, slot in enumerate(slots):
+        page, row = divmod(slot, ps)
+        k_cache[page, row].copy_(k[i])
+        v_cache[page, row].copy_(v[i])
+
+
+def store_torch_index_put(k_cache, v_cache, indices, k, v):
+    """A correct alternative: index_put_ with a pair of index tensors."""
+    pages, ps = k_cache.shape[:2]
+    if indices.numel() and not bool(((indices >= 0) & (indices < pages * ps)).all()):
+        raise IndexError("slot out of range")
+    page, row = indices.long().div(ps, rounding_mode="floor"), indices.long().remainder(ps)
+    k_cache.index_put_((page, row), k)
+    v_cache.index_put_((page, row), v)
+
+
+def view_by_transpose(buffer):
+    return buffer.transpose(1, 2)
+
+
+def slots_page_by_page(page_table, start, end, page_size):
+    out = []
+    for position in range(start, end):
+        out.append(int(page_table[position // page_size]) * page_size + position % page_size)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def heads_by_slicing(num_kv_heads, tp_rank, tp_size):
+    if tp_rank not in range(tp_size) or num_kv_heads % tp_size:
+        raise ValueError("impossible split")
+    per = num_kv_heads // tp_size
+    return range(num_kv_heads)[tp_rank * per : tp_rank * per + per]
+
+
+def test_correct_alternatives_pass() -> None:
+    for exercise_id, fn in [
+        ("storage.store_torch", store_torch_token_by_token),
+        ("storage.store_torch", store_torch_index_put),
+        ("storage.page_first_view", view_by_transpose),
+        ("storage.slot_mapping", slots_page_by_page),
+        ("storage.tp_head_range", heads_by_slicing),
+    ]:
+        result = check(exercise_id, fn)
+        assert result.passed, str(result)
+
+
+def test_the_reference_store_under_another_name_is_refused() -> None:
+    from minikv.kernels.store import store_cache_reference as mine
+
+    result = check("storage.store_torch", mine)
+    assert not result.passed and "minikv's own answer" in result.smallest_failure.problem
+
+
 @triton.jit
 def _buggy_store_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr,
@@ -127,7 +244,8 @@ def _buggy_store_kernel(
     c_stride_p, c_stride_s, c_stride_h, c_stride_d,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr,
 ):  # fmt: skip
-    # BUG 0: none; 1: K and V swapped; 2: V read with K's strides; 3: slot used as a page index.
+    # BUG 0: none; 1: K and V swapped; 2: V read with K's strides; 3: slot used as a page index;
+    # 4: the cache's head and element strides taken as (head_dim, 1); 5: the sources' element stride taken as 1.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -143,8 +261,14 @@ def _buggy_store_kernel(
     h3 = h[None, :, None]
     d3 = d[None, None, :]
     mask = t_ok[:, None, None] & (h3 < num_heads) & (d3 < head_dim)
-    dst = page[:, None, None] * c_stride_p + row[:, None, None] * c_stride_s + h3 * c_stride_h + d3 * c_stride_d
-    k_rows = tl.load(k_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
+    if BUG == 4:
+        dst = page[:, None, None] * c_stride_p + row[:, None, None] * c_stride_s + h3 * head_dim + d3
+    else:
+        dst = page[:, None, None] * c_stride_p + row[:, None, None] * c_stride_s + h3 * c_stride_h + d3 * c_stride_d
+    if BUG == 5:
+        k_rows = tl.load(k_ptr + t3 * k_stride_t + h3 * k_stride_h + d3, mask=mask)
+    else:
+        k_rows = tl.load(k_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
     if BUG == 2:
         v_rows = tl.load(v_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
     else:
@@ -203,6 +327,8 @@ WRONG["storage.store"] = [
     _triton_store(drop_last_block=True),
     _triton_store(contiguous_indices=False),
     _triton_store(validate=False),
+    _triton_store(bug=4),
+    _triton_store(bug=5),
 ]
 
 

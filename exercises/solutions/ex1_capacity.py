@@ -14,6 +14,12 @@
 # implementation and shows what passed and, if something failed, the *smallest*
 # failing case with what was expected and what your function gave. Hints hide in
 # dropdowns; open one only when you are stuck. Tasks go from easy to hard.
+#
+# Besides its hand-made cases, each check draws random inputs from everything the task
+# allows (any dtype, any token ids, any order), always the same ones, and shrinks a
+# failing one to the smallest it can find, printed with its seed. It also checks that
+# your function leaves its arguments as it found them, unless the task says otherwise.
+# The reference solutions are in the book's Solutions part: look there after an honest try.
 
 # %%
 import torch

@@ -75,6 +75,8 @@ for prompt in ([1, 2, 3, 4], [1, 2, 3, 9, 9], [1, 2, 3, 4]):
 #
 # Write `slots_to_free(indices, cached_len, already_cached, page_size) -> Tensor`: the
 # slots the request must give back to the pool, in the order they appear in `indices`.
+# `indices` is a 1-D `int32` tensor; `cached_len` and `already_cached` are multiples of
+# `page_size` (whole pages), with `cached_len <= already_cached`. Leave `indices` as it is.
 #
 # The notes this course follows say "free `indices[:already_cached]`". That frees slots
 # the tree still holds, and the next request to get them overwrites a cached prefix.
@@ -90,9 +92,11 @@ for prompt in ([1, 2, 3, 4], [1, 2, 3, 9, 9], [1, 2, 3, 4]):
 #
 # ```{admonition} Hint 2: the tail
 # :class: dropdown
-# The inserted part ends at `len(indices) - len(indices) % page_size`. The tail starts
-# there, or at `cached_len` if that is later (a prompt shorter than one page matched
-# nothing and inserted nothing). `torch.cat` joins the two pieces.
+# The inserted part ends at `len(indices) - len(indices) % page_size`, and the tail is
+# everything from there on. `cached_len` never lies past that point: `match_prefix`
+# matches whole pages only, so `cached_len` is a multiple of `page_size`, and so is
+# `already_cached`. A prompt shorter than one page matched nothing and inserted nothing:
+# its tail is the whole prompt. `torch.cat` joins the two pieces.
 # ```
 
 
@@ -101,7 +105,7 @@ def slots_to_free(indices: torch.Tensor, cached_len: int, already_cached: int, p
     ### BEGIN SOLUTION
     duplicates = indices[cached_len:already_cached]
     inserted_end = len(indices) - len(indices) % page_size
-    tail = indices[max(inserted_end, cached_len) :]
+    tail = indices[inserted_end:]  # cached_len <= inserted_end: both are page-aligned
     return torch.cat([duplicates, tail])
     ### END SOLUTION
 
@@ -114,6 +118,9 @@ check("lifecycle.slots_to_free", slots_to_free)
 # Write `admit(manager, pool, input_ids) -> (handle, indices)`: steps 1 to 3. Match
 # `input_ids[:-1]`, as a server does, so that the last token is always computed. `indices`
 # holds one slot per token of `input_ids`: first the matched slots, then the new ones.
+#
+# In tasks 2.2 to 2.4, `input_ids` is a 1-D `torch.int64` tensor of token ids (so
+# `input_ids[:-1]` and `len(input_ids)` work as on a list); do not change it.
 #
 # If the pool cannot supply the slots, `pool.allocate` raises `OutOfSlotsError`. Let
 # that error out, but not before undoing step 2: a request that never runs must not
@@ -161,7 +168,10 @@ check("lifecycle.admit", admit)
 # ## Task 2.3 · `lifecycle.finish` (medium)
 #
 # Write `finish(manager, pool, input_ids, handle, indices) -> int`: steps 4, 5 and 7 for
-# a request that `admit` started. Return what `insert_prefix` returned.
+# a request that `admit` started. Return what `insert_prefix` returned. `input_ids` is
+# the request's 1-D `int64` tensor and `indices` the slots `admit` returned; leave both
+# as they are. `slots_to_free` needs the page size: it is `manager.page_size` (the
+# pool's is the same).
 #
 # The checker runs requests that overlap and finish out of order, and after each of your
 # calls it accounts for every page: free in the pool, held by the tree or held by a
@@ -170,7 +180,8 @@ check("lifecycle.admit", admit)
 # ```{admonition} Hint
 # :class: dropdown
 # `insert_prefix`, then `pool.free(slots_to_free(...))` with your function from task
-# 2.1, then unlock. The handle's `cached_len` is the request's `cached_len`.
+# 2.1, then unlock. The handle's `cached_len` is the request's `cached_len`, and the
+# page size is `manager.page_size`.
 # ```
 
 
@@ -194,7 +205,9 @@ check("lifecycle.finish", finish)
 # `cached_len`).
 #
 # After each request the checker reads the slots the tree points at for the prompt and
-# compares what `kv_cache` holds there with `kv_fn`'s rows, in every layer.
+# compares what `kv_cache` holds there with `kv_fn`'s rows, in every layer. It also
+# watches where you write: only the request's own new slots, never the slots of a
+# cached prefix (even with equal values: on a real server other requests read them).
 #
 # ```{admonition} Hint 1: what to store
 # :class: dropdown

@@ -75,7 +75,8 @@ check("storage.tp_head_range", tp_head_range)
 #
 # Write `page_first_view(buffer) -> Tensor`: the layer-first view of a page-first
 # buffer, with `view[kv, layer, page] == buffer[kv, page, layer]`, without copying a
-# single element. A copy would not do: the store kernel writes through the view, and
+# single element. `buffer` may be any tensor of that shape: any dtype, a slice of a
+# larger tensor, any strides. A copy would not do: the store kernel writes through the view, and
 # the writes must land in the buffer.
 #
 # ```{admonition} Hint 1
@@ -110,7 +111,9 @@ check("storage.page_first_view", page_first_view)
 # though, takes flat *slots*: slot `s` is row `s % page_size` of page `s // page_size`.
 #
 # Write `slot_mapping(page_table, start, end, page_size) -> Tensor`: the slots of token
-# positions `start, ..., end - 1`, as a 1-D integer tensor. A prefill maps a whole range
+# positions `start, ..., end - 1`, as a 1-D integer tensor. `page_table` is a 1-D
+# `torch.int32` tensor of page ids, in any order, at least as long as the pages those
+# positions need; every slot fits in an `int32`. Leave `page_table` as it is. A prefill maps a whole range
 # and a decode step maps a single position. nano-vllm builds its `slot_mapping` this way.
 #
 # ```{admonition} Hint
@@ -140,9 +143,11 @@ check("storage.slot_mapping", slot_mapping)
 #
 # * `k_cache` and `v_cache` have shape `(num_pages, page_size, heads, head_dim)`: one
 #   layer of an `MHAKVCache`. They may be views with any strides: a layer of a
-#   page-first buffer, for example.
+#   page-first buffer, for example, or one whose `head_dim` stride is not 1. Every
+#   element that is not a target slot's row must stay as it was.
 # * `k` and `v` have shape `(n, heads, head_dim)`, any strides: slices of a fused QKV
-#   projection, say.
+#   projection, say. The dtype is one of float64, float32, float16 and bfloat16, the
+#   same for caches and sources.
 # * `indices` is a 1-D `int32` or `int64` tensor of `n` distinct slots.
 # * A slot outside `[0, num_pages * page_size)` is a bug in the caller: raise
 #   `IndexError` before writing anything. Mind `-1`: torch reads it as "the last one".

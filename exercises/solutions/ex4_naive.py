@@ -136,7 +136,7 @@ check("naive.manager", NaiveManager)
 # ## Task 4.2 · `blocks.block_hashes` (easy)
 #
 # Write `block_hashes(token_ids, block_size) -> list[int]`: the chained hash of every
-# *full* block, in order. The first block's prefix hash is -1. A partial last block gets
+# *full* block, in order. `token_ids` is a list of ints; leave it as it is. The first block's prefix hash is -1. A partial last block gets
 # no hash: its tokens may still grow.
 #
 # ```{admonition} Hint
@@ -165,7 +165,7 @@ check("blocks.block_hashes", block_hashes)
 #
 # Write `deallocate(pool, block_table) -> None`: a request finished, so each of its
 # blocks loses one user, and a block nobody uses goes to the *right* end of the free
-# list. Keep the block's hash and tokens.
+# list. Keep the block's hash and tokens, and leave the list `block_table` as it is.
 #
 # Walk the table in reverse, the way nano-vllm does. The blocks freed first are then
 # reused first, and those are the request's last blocks, the ones least likely to be
@@ -196,7 +196,7 @@ check("blocks.deallocate", deallocate)
 #
 # Write `allocate(pool, token_ids) -> (block_table, num_cached_tokens)`: one block per
 # `block_size` tokens (the last one possibly partial), reusing cached blocks where the
-# prefix allows.
+# prefix allows. `token_ids` is a list of ints (any ids, large ones too); leave it as it is.
 #
 # 1. **Find the cached prefix.** For full blocks `i = 0, 1, ...`: the block is cached if
 #    `pool.hash_to_block` has its chained hash *and* that block's `token_ids` equal block
@@ -281,6 +281,8 @@ check("blocks.allocate", allocate)
 # or not at all. A radix tree would share all 6.
 
 # %%
+import traceback
+
 pool = BlockPool(num_blocks=8, block_size=4)
 try:
     first = allocate(pool, [1, 2, 3, 4, 5, 6, 7, 8, 9])
@@ -288,8 +290,10 @@ try:
     print("first request: ", first)
     print("second request:", second)
     print(pool.describe())
-except NotImplementedError:
-    print("write allocate (task 4.4) first")
+except NotImplementedError as error:
+    stub = traceback.extract_tb(error.__traceback__)[-1].name  # the function that is still a stub
+    task = {"block_hashes": "task 4.2", "allocate": "task 4.4"}.get(stub, "its task")
+    print(f"write {stub} ({task}) first: it still raises NotImplementedError")
 
 # %% [markdown]
 # ## The real block manager

@@ -8,7 +8,9 @@ notebook that stores them stays comparable by nbval.
 
 from __future__ import annotations
 
+import difflib
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -66,6 +68,9 @@ class CheckResult:
         if self.passed:
             return f"✓ {self.exercise_id}: all {total} cases passed.", ""
         if self.not_written:
+            named = self.cases[0].problem if self.cases[0].problem.startswith("`") else ""
+            if named:  # a function or method it calls is the stub, not the one under check
+                return f"✗ {self.exercise_id}: not written yet.", f"{named} ({total} cases are waiting.)"
             return (
                 f"✗ {self.exercise_id}: not written yet.",
                 "Your function still raises NotImplementedError; replace the stub with your code "
@@ -134,3 +139,47 @@ def _labelled(label: str, text: str) -> list[str]:
     head = f"  {label + ':':<10}"
     lines = text.splitlines() or [""]
     return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+
+
+def diff(expected: Sequence[object], got: Sequence[object], context: int = 2) -> tuple[str, str, str]:
+    """Two sequences side by side as a diff: ``(sentence, expected, got)``, long equal runs cut out.
+
+    The sentence says where they first differ and how (an item wrong, missing
+    or extra); the two texts keep ``context`` items around each difference,
+    mark the differing items with ``>…<``, and replace each run of equal
+    items in between by ``…``, so that a 500-slot list shows as a few items.
+    """
+    exp, got_ = list(expected), list(got)
+    matcher = difflib.SequenceMatcher(a=exp, b=got_, autojunk=False)
+    opcodes = matcher.get_opcodes()
+    first = next((op for op in opcodes if op[0] != "equal"), None)
+    if first is None:
+        return "they are equal", _items(exp, set(), context), _items(got_, set(), context)
+    tag, i1, i2, j1, j2 = first
+    if tag == "replace":
+        sentence = f"they first differ at position {i1}: expected {exp[i1]!r}, got {got_[j1]!r}"
+    elif tag == "delete":
+        sentence = f"from position {i1} on, {i2 - i1} item(s) are missing: {exp[i1:i2][:6]!r}"
+    else:
+        sentence = f"at position {i1}, {j2 - j1} item(s) are extra: {got_[j1:j2][:6]!r}"
+    if len(exp) != len(got_):
+        sentence += f" ({len(exp)} items expected, {len(got_)} got)"
+    marked_exp = {i for op in opcodes if op[0] != "equal" for i in range(op[1], op[2])}
+    marked_got = {j for op in opcodes if op[0] != "equal" for j in range(op[3], op[4])}
+    return sentence, _items(exp, marked_exp, context), _items(got_, marked_got, context)
+
+
+def _items(items: list[object], marked: set[int], context: int) -> str:
+    if len(items) <= 12 and not marked:
+        return repr(items)
+    near = {k for m in marked for k in range(m - context, m + context + 1)} if marked else set(range(6))
+    out: list[str] = []
+    skipped = False
+    for k, item in enumerate(items):
+        if k in near or len(items) <= 12:
+            out.append(f">{item!r}<" if k in marked else repr(item))
+            skipped = False
+        elif not skipped:
+            out.append("…")
+            skipped = True
+    return "[" + ", ".join(out) + "]" + (f"  ({len(items)} items)" if len(items) > 12 else "")

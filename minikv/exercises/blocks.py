@@ -17,6 +17,7 @@ two can be compared field by field. :class:`~minikv.block_manager.Block` and
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +27,21 @@ from typing import Any
 from .._validate import as_positive
 from ..block_manager import Block, BlockManager, Sequence, block_hashes, compute_hash
 from ..errors import OutOfSlotsError
-from ._core import Case, Mismatch, call, exercise, expect_equal, outcome, raised
+from ._core import (
+    Case,
+    Draw,
+    Mismatch,
+    call_watching,
+    exercise,
+    expect_equal,
+    expect_unchanged,
+    outcome,
+    raised,
+    random_case,
+    shrink_int,
+    shrink_tuple,
+)
+from ._report import diff
 
 _F = Callable[..., object]
 
@@ -93,15 +108,19 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
     for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks, strict=True)):
         if e[0] != g[0]:
             raise Mismatch(
-                f"{when}, block {block_id} should have ref_count {e[0]}.", _describe(expected), got.describe()
+                f"{when}, block {block_id} should have ref_count {e[0]}, not {g[0]}.",
+                _describe(expected),
+                got.describe(),
             )
         if e[1] != g[1] or e[2] != g[2]:
             state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
+            wrong = "its hash" if e[1] != g[1] else "its tokens"
+            if e[1] != g[1] and e[2] != g[2]:
+                wrong = "its hash and its tokens"
             raise Mismatch(
-                f"{when}, block {block_id} should {state}: hash {e[1]}, tokens {list(e[2])}; "
-                f"it has hash {g[1]}, tokens {list(g[2])}.",
-                _describe(expected),
-                got.describe(),
+                f"{when}, block {block_id} should {state}; {wrong} differ.",
+                _block_line(block_id, e),
+                _block_line(block_id, g),
             )
     if exp_table != got_table:
         missing = sorted(set(exp_table.items()) - set(got_table.items()))
@@ -113,19 +132,29 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
                 problem += " (that block now holds other tokens: remove stale entries when a block is reused)"
         elif missing:
             problem += f": it should map hash {missing[0][0]} to block {missing[0][1]}"
-        raise Mismatch(problem + ".", _describe(expected), got.describe())
+        raise Mismatch(problem + ".", _table_text(exp_table), _table_text(got_table))
     if exp_free != got_free:
+        where, exp_text, got_text = diff(exp_free, got_free)
         raise Mismatch(
-            f"{when}, the free list is wrong (its order decides which block is reused next).",
-            str(exp_free),
-            str(got_free),
+            f"{when}, the free list is wrong (its order decides which block is reused next): {where}.",
+            exp_text,
+            got_text,
         )
+
+
+def _block_line(block_id: int, state: tuple[Any, ...]) -> str:
+    ref_count, hash_, tokens = state
+    return f"block {block_id}: ref_count {ref_count}, hash {hash_}, tokens {list(tokens)}"
+
+
+def _table_text(table: dict[int, int]) -> str:
+    return "{" + ", ".join(f"hash {h} -> block {b}" for h, b in sorted(table.items(), key=lambda item: item[1])) + "}"
 
 
 @dataclass(frozen=True)
 class PoolScenario:
     description: str
-    ops: tuple[tuple[Any, ...], ...]  # ("alloc", name, ids) | ("free", name) | ("collide", name)
+    ops: tuple[tuple[Any, ...], ...]  # ("alloc", name, ids) | ("free", name) | ("collide", name[, block index])
     num_blocks: int = 8
     block_size: int = 4
 
@@ -225,7 +254,10 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
     for number, op in enumerate(scenario.ops, 1):
         when = f"after step {number} ({_describe_op(op)})"
         if op[0] == "collide":
-            for block in (mine.blocks[tables[op[1]][0]], ref.blocks[sequences[op[1]].block_table[0]]):
+            at = op[2] if len(op) > 2 else 0
+            if op[1] not in tables or at >= len(tables[op[1]]):
+                continue
+            for block in (mine.blocks[tables[op[1]][at]], ref.blocks[sequences[op[1]].block_table[at]]):
                 block.token_ids = tuple(t + 100 for t in block.token_ids)
             continue
         if op[0] == "alloc":
@@ -239,7 +271,9 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
             if learner_allocates:
                 assert allocate is not None
                 before = _state(mine)
-                result, error = raised(allocate, mine, list(ids))
+                given = list(ids)
+                result, error = raised(allocate, mine, given)
+                expect_unchanged(("token_ids",), (list(ids),), (given,))
                 if expected is None:
                     if not isinstance(error, OutOfSlotsError):
                         raise Mismatch(
@@ -266,13 +300,15 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
             tables[name], sequences[name] = table, seq
         else:
             _, name = op
+            if name not in tables:  # its allocation failed: nothing to give back
+                continue
             table = tables.pop(name)
             ref.deallocate(sequences.pop(name))
             if learner_allocates:
                 _copy_state(ref, mine)
             else:
                 assert deallocate is not None
-                call(deallocate, mine, list(table))
+                call_watching(deallocate, ("block_table",), mine, list(table))
         _compare_pools(ref, mine, when)
 
 
@@ -281,7 +317,75 @@ def _describe_op(op: tuple[Any, ...]) -> str:
         return f"allocate {op[1]} = {list(op[2])}"
     if op[0] == "free":
         return f"deallocate {op[1]}"
-    return f"corrupt {op[1]}'s first block so its tokens no longer match its hash"
+    which = "first block" if len(op) < 3 or op[2] == 0 else f"block {op[2]} (counting from 0)"
+    return f"corrupt {op[1]}'s {which} so its tokens no longer match its hash"
+
+
+def _draw_ops(rng: random.Random, size: int) -> PoolScenario:
+    """Random histories: block sizes 1-5, tight pools, token ids up to 2^62, collisions on any block."""
+    block_size = rng.randint(1, 5)
+    big = rng.random() < 0.5
+    prompts: list[tuple[int, ...]] = []
+    running: list[str] = []
+    ops: list[tuple[Any, ...]] = []
+
+    def token() -> int:
+        return rng.randrange(2**62) if big and rng.random() < 0.3 else rng.randrange(3)
+
+    for i in range(rng.randint(1, 2 + size // 2)):
+        if prompts and rng.random() < 0.6:
+            base = rng.choice(prompts)
+            prompt = base[: rng.randint(0, len(base))] + tuple(token() for _ in range(rng.randint(1, 2 * block_size)))
+        else:
+            prompt = tuple(token() for _ in range(rng.randint(0, 3 * block_size)))
+        prompts.append(prompt)
+        ops.append(("alloc", f"r{i}", prompt))
+        running.append(f"r{i}")
+        if rng.random() < 0.15:
+            ops.append(("collide", f"r{i}", rng.randrange(max(1, len(prompt) // block_size))))
+        while running and (len(running) > 2 or rng.random() < 0.4):
+            ops.append(("free", running.pop(rng.randrange(len(running)))))
+    ops.extend(("free", name) for name in running)
+    need = max((-(-len(op[2]) // block_size) for op in ops if op[0] == "alloc"), default=1)
+    return PoolScenario(
+        "random", tuple(ops), num_blocks=rng.randint(max(1, need - 1), 3 * need + 2), block_size=block_size
+    )
+
+
+def _shrink_ops(scenario: PoolScenario) -> list[PoolScenario]:
+    r = dataclasses.replace
+    ops = scenario.ops
+    out = []
+    for i, op in enumerate(ops):
+        if op[0] == "alloc":
+            out.append(r(scenario, ops=tuple(o for o in ops if o[1] != op[1])))
+            if op[2]:
+                out.append(r(scenario, ops=(*ops[:i], (op[0], op[1], op[2][:-1]), *ops[i + 1 :])))
+            small = tuple(min(t, 3) for t in op[2])
+            if small != op[2]:
+                out.append(r(scenario, ops=(*ops[:i], (op[0], op[1], small), *ops[i + 1 :])))
+        elif op[0] == "collide":
+            out.append(r(scenario, ops=ops[:i] + ops[i + 1 :]))
+    out += [r(scenario, num_blocks=n) for n in shrink_int(scenario.num_blocks, 1)]
+    return out
+
+
+def _show_ops(scenario: PoolScenario) -> str:
+    return f"block_size {scenario.block_size}, {scenario.num_blocks} blocks: " + "; ".join(
+        _describe_op(op) for op in scenario.ops
+    )
+
+
+def _random_pool_case(allocating: bool, seed: int) -> Case:
+    def run(fn: _F, scenario: PoolScenario) -> None:
+        _run_scenario(scenario, fn if allocating else None, None if allocating else fn, allocating)
+
+    return random_case(
+        "24 random histories: block sizes 1-5, tight pools, token ids up to 2^62, collisions on any block",
+        Draw(_draw_ops, run, _show_ops, _shrink_ops, lambda s: s.size),
+        seed=seed,
+        max_size=12,
+    )
 
 
 def _unpack(result: object) -> tuple[list[int], int]:
@@ -310,7 +414,7 @@ def _hash_cases() -> list[Case]:
 
     def make(desc: str, ids: tuple[int, ...], block_size: int) -> Case:
         def run(fn: _F) -> None:
-            got = call(fn, list(ids), block_size)
+            got = call_watching(fn, ("token_ids", "block_size"), list(ids), block_size)
             expected = block_hashes(list(ids), block_size)
             if not isinstance(got, list):
                 raise Mismatch("return a list of ints.", "a list", type(got).__name__)
@@ -325,11 +429,39 @@ def _hash_cases() -> list[Case]:
                     " Each block's hash must chain in the previous block's hash (prefix_hash), "
                     "so equal blocks at different places differ."
                 )
-            raise Mismatch(f"block_hashes({list(ids)}, {block_size}) is wrong.{hint}", str(expected), str(got))
+            where, exp_text, got_text = diff(expected, got)
+            raise Mismatch(f"block_hashes({_ids_text(ids)}, {block_size}) is wrong: {where}.{hint}", exp_text, got_text)
 
         return Case(desc, len(ids), run)
 
-    return [make(*i) for i in inputs]
+    def draw(rng: random.Random, size: int) -> tuple[tuple[int, ...], int]:
+        top = rng.choice((3, 1000, 2**62))
+        return tuple(rng.randrange(top) for _ in range(rng.randint(0, 3 * size))), rng.randint(1, 1 + size)
+
+    def shrink(value: tuple[tuple[int, ...], int]) -> list[tuple[tuple[int, ...], int]]:
+        ids, bs = value
+        out = [(smaller, bs) for smaller in shrink_tuple(ids)] + [(ids, b) for b in shrink_int(bs, 1)]
+        return out + [((*ids[:i], min(t, 3), *ids[i + 1 :]), bs) for i, t in enumerate(ids) if t > 3]
+
+    return [make(*i) for i in inputs] + [
+        random_case(
+            "24 random token lists: any length (partial blocks too), block sizes 1-13, token ids up to 2^62",
+            Draw(
+                draw,
+                lambda fn, v: make("", *v).run(fn),
+                lambda v: f"block_hashes({list(v[0])}, {v[1]})",
+                shrink,
+                lambda v: len(v[0]),
+            ),
+            seed=1300,
+            max_size=12,
+        )
+    ]
+
+
+def _ids_text(ids: tuple[int, ...]) -> str:
+    text = str(list(ids))
+    return text if len(text) < 200 else text[:200] + " ...]"
 
 
 @exercise("blocks.allocate", "a block table that reuses cached blocks, nano-vllm style")
@@ -337,7 +469,7 @@ def _allocate_cases() -> list[Case]:
     def make(scenario: PoolScenario) -> Case:
         return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, fn, None, True))
 
-    return [make(s) for s in SCENARIOS]
+    return [make(s) for s in SCENARIOS] + [_random_pool_case(True, seed=1400)]
 
 
 @exercise("blocks.deallocate", "give a finished request's blocks back, keeping their hashes")
@@ -356,4 +488,4 @@ def _deallocate_cases() -> list[Case]:
     def make(scenario: PoolScenario) -> Case:
         return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, None, fn, False))
 
-    return [make(s) for s in scenarios]
+    return [make(s) for s in scenarios] + [_random_pool_case(False, seed=1500)]

@@ -6,13 +6,26 @@ Every expected value comes from :mod:`minikv.capacity` or from a real
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import torch
 
 from .. import capacity as _capacity
 from ..radix_manager import RadixCacheManager
-from ._core import Case, Mismatch, call, exercise, expect_equal, expect_int
+from ._core import (
+    Case,
+    Draw,
+    Mismatch,
+    call,
+    call_watching,
+    exercise,
+    expect_equal,
+    expect_int,
+    random_case,
+    shrink_int,
+    shrink_tuple,
+)
 
 _F = Callable[..., object]
 
@@ -36,7 +49,7 @@ def _kv_bytes_cases() -> list[Case]:
     return [
         _bytes_case(desc, layers * heads * dim, _capacity.kv_bytes_per_token, layers, heads, dim, dtype)
         for desc, layers, heads, dim, dtype in _SHAPES
-    ]
+    ] + [_random_bytes_case(_capacity.kv_bytes_per_token, 1, seed=100)]
 
 
 @exercise(
@@ -55,7 +68,52 @@ def _mla_cases() -> list[Case]:
     return [
         _bytes_case(desc, layers * (rank + rope), _capacity.mla_bytes_per_token, layers, rank, rope, dtype)
         for desc, layers, rank, rope, dtype in shapes
-    ]
+    ] + [_random_bytes_case(_capacity.mla_bytes_per_token, 0, seed=200)]
+
+
+DTYPES = tuple(
+    dtype
+    for dtype in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+        torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+        getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None),
+    )
+    if dtype is not None
+)  # fmt: skip
+"""Every dtype a cache could hold: the task says "elements of type dtype", so any torch dtype is allowed."""
+
+
+def _random_bytes_case(reference: Callable[..., int], lowest_last: int, seed: int) -> Case:
+    """Random shapes (1 to thousands in every dimension; the last may be ``lowest_last``) in every dtype."""
+
+    def draw(rng: random.Random, size: int) -> tuple[object, ...]:
+        top = 4 + size * 40
+        last = rng.randint(lowest_last, top) if rng.random() < 0.8 else lowest_last
+        return (rng.randint(1, top), rng.randint(1, top), last, rng.choice(DTYPES))
+
+    def run(fn: _F, args: tuple[object, ...]) -> None:
+        _bytes_case("", 0, reference, *args).run(fn)
+
+    def shrink(args: tuple[object, ...]) -> list[tuple[object, ...]]:
+        a, b, c, dtype = args
+        assert isinstance(a, int) and isinstance(b, int) and isinstance(c, int)
+        smaller: list[tuple[object, ...]] = [(x, b, c, dtype) for x in shrink_int(a, 1)]
+        smaller += [(a, x, c, dtype) for x in shrink_int(b, 1)]
+        smaller += [(a, b, x, dtype) for x in shrink_int(c, lowest_last)]
+        return smaller
+
+    def show(args: tuple[object, ...]) -> str:
+        return f"{reference.__name__}({', '.join(map(str, args))})"
+
+    return random_case(
+        f"{RANDOM_NAME} shapes in every dtype (float64, ints, bool, complex, float8...)",
+        Draw(draw, run, show, shrink),
+        seed=seed,
+        max_size=60,
+    )
+
+
+RANDOM_NAME = "24 random"
 
 
 def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: object) -> Case:
@@ -100,7 +158,28 @@ def _fit_cases() -> list[Case]:
 
         return Case(desc, memory // max(per_token, 1), run)
 
-    return [make(*budget) for budget in budgets]
+    def draw(rng: random.Random, size: int) -> tuple[int, int]:
+        per_token = rng.randint(1, 2 ** rng.randint(1, 8 + size))
+        memory = rng.randint(0, 2 ** rng.randint(0, 2 * size + 4))
+        if rng.random() < 0.3:  # a whole number of tokens, or one byte short of it
+            memory = per_token * rng.randint(0, 2**size) - rng.randint(0, 1)
+        return max(memory, 0), per_token
+
+    def run_one(fn: _F, args: tuple[int, int]) -> None:
+        make("", *args).run(fn)
+
+    def shrink(args: tuple[int, int]) -> list[tuple[int, int]]:
+        memory, per_token = args
+        return [(m, per_token) for m in shrink_int(memory)] + [(memory, p) for p in shrink_int(per_token, 1)]
+
+    return [make(*budget) for budget in budgets] + [
+        random_case(
+            f"{RANDOM_NAME} budgets, up to 2^100 bytes (beyond what a float holds exactly)",
+            Draw(draw, run_one, lambda a: f"tokens_that_fit({a[0]}, {a[1]})", shrink),
+            seed=300,
+            max_size=48,
+        )
+    ]
 
 
 @exercise("capacity.cached_tokens_with_sharing", "KV rows a perfect prefix cache stores for a set of prompts")
@@ -124,12 +203,13 @@ def _sharing_cases() -> list[Case]:
     def make(desc: str, prompts: list[list[int]]) -> Case:
         def run(fn: _F) -> None:
             given = [list(p) for p in prompts]
-            got = expect_int("the result", call(fn, given))
+            got = expect_int("the result", call_watching(fn, ("prompts",), given))
             expected = _rows_in_a_radix_tree(prompts)
             if got != expected:
                 total = sum(len(p) for p in prompts)
                 raise Mismatch(
-                    f"for the prompts {prompts}, a radix tree holding all of them stores {expected} rows "
+                    f"for the prompts {_short_prompts(prompts)}, a radix tree holding all of them "
+                    f"stores {expected} rows "
                     f"(without sharing it would be {total}).",
                     str(expected),
                     str(got),
@@ -137,7 +217,44 @@ def _sharing_cases() -> list[Case]:
 
         return Case(desc, sum(len(p) for p in prompts), run)
 
-    return [make(*s) for s in prompt_sets]
+    def draw(rng: random.Random, size: int) -> tuple[tuple[int, ...], ...]:
+        # Any ids >= 0: a tiny vocabulary (lots of sharing), ids whose digits run together (1, 12 / 11, 2),
+        # or large ids as a real vocabulary has them, and beyond.
+        vocab = rng.choice(((0, 1, 2), (1, 2, 11, 12, 21, 112), None))
+
+        def token() -> int:
+            if vocab is None:
+                return rng.randrange(2**40) if rng.random() < 0.5 else rng.randrange(12)
+            return rng.choice(vocab)
+
+        prompts: list[tuple[int, ...]] = []
+        for _ in range(rng.randint(0, 2 + size // 2)):
+            base = rng.choice(prompts) if prompts and rng.random() < 0.6 else ()
+            prompts.append(base[: rng.randint(0, len(base))] + tuple(token() for _ in range(rng.randint(0, size))))
+        return tuple(prompts)
+
+    def run_one(fn: _F, prompts: tuple[tuple[int, ...], ...]) -> None:
+        make("", [list(p) for p in prompts]).run(fn)
+
+    def shrink(prompts: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...], ...]]:
+        smaller = list(shrink_tuple(prompts))
+        for i, prompt in enumerate(prompts):
+            smaller += [(*prompts[:i], p, *prompts[i + 1 :]) for p in shrink_tuple(prompt)]
+        return smaller
+
+    return [make(*s) for s in prompt_sets] + [
+        random_case(
+            f"{RANDOM_NAME} prompt sets, in any order, with token ids up to 2^40",
+            Draw(draw, run_one, lambda p: str([list(x) for x in p]), shrink, lambda p: sum(map(len, p))),
+            seed=400,
+            max_size=12,
+        )
+    ]
+
+
+def _short_prompts(prompts: list[list[int]]) -> str:
+    text = str(prompts)
+    return text if len(text) <= 300 else text[:300] + " ..."
 
 
 def _rows_in_a_radix_tree(prompts: list[list[int]]) -> int:

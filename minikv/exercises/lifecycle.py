@@ -10,6 +10,8 @@ never two of these at once.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +28,24 @@ from ..mha_pool import MHAKVCache
 from ..page_pool import PagePool
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, child_key
 from . import _trees
-from ._core import Case, Mismatch, call, exercise, expect_int, outcome, raised, unexpected
+from ._core import (
+    Case,
+    Draw,
+    Mismatch,
+    call,
+    call_watching,
+    exercise,
+    expect_int,
+    expect_unchanged,
+    keep,
+    outcome,
+    raised,
+    random_case,
+    short,
+    shrink_int,
+    unexpected,
+)
+from ._report import diff
 
 _F = Callable[..., object]
 HEADS, HEAD_DIM, LAYERS = 2, 4, 2
@@ -334,24 +353,196 @@ def _slots_to_free_cases() -> list[Case]:
                     already = _lifecycle.finish(world.manager, world.pool, request)
                     freed = set(world.pool.free_slots().tolist()) - free_before
                     expected = [s for s in request.indices.tolist() if s in freed]
-                    args = (request.indices.clone(), request.cached_len, already, scenario.page_size)
-                    got = call(fn, *args)
-                    if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
-                        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
-                    if got.tolist() != expected:
-                        raise Mismatch(
-                            f"slots_to_free(indices={request.indices.tolist()}, cached_len={request.cached_len}, "
-                            f"already_cached={already}, page_size={scenario.page_size}) is wrong. "
-                            "The first cached_len slots belong to the tree; "
-                            "the duplicates are indices[cached_len:already_cached]; "
-                            "with page_size > 1 the tail after the last whole page was not inserted either.",
-                            str(expected),
-                            str(got.tolist()),
-                        )
+                    args = (tuple(request.indices.tolist()), request.cached_len, already, scenario.page_size)
+                    _check_slots_to_free(fn, args, expected)
 
         return Case(scenario.description, scenario.size, run)
 
-    return [make(s) for s in FINISH_SCENARIOS]
+    return [make(s) for s in FINISH_SCENARIOS] + [
+        random_case(
+            "24 random requests: any slots in any order, any page size, any page-aligned cached and duplicate parts",
+            Draw(
+                _draw_free,
+                lambda fn, a: _check_slots_to_free(fn, a, _reference_slots_to_free(*a)),
+                _show_free,
+                _shrink_free,
+                lambda a: len(a[0]),
+            ),
+            seed=900,
+            max_size=40,
+        )
+    ]
+
+
+FreeArgs = tuple[tuple[int, ...], int, int, int]
+
+
+def _reference_slots_to_free(indices: tuple[int, ...], cached: int, already: int, page_size: int) -> list[int]:
+    """What :func:`minikv.lifecycle.finish` frees: the duplicates, then the partial last page."""
+    total = len(indices)
+    return list(indices[cached:already]) + list(indices[max(total - total % page_size, cached) :])
+
+
+def _draw_free(rng: random.Random, size: int) -> FreeArgs:
+    """Arguments the contract allows: ``cached_len``, ``already_cached`` page-aligned, in order, in the prompt."""
+    page_size = rng.choice((1, 1, 2, 3, 4, 8, 16))
+    n = rng.randint(1, 1 + size)
+    whole = (n - n % page_size) // page_size  # whole pages of the prompt
+    cached = page_size * rng.randint(0, (n - 1) // page_size)  # match_prefix(input_ids[:-1]) ends on a page
+    already = page_size * rng.randint(cached // page_size, whole)
+    top = rng.choice((n + 4, 1000, 2**31 - 1))
+    return tuple(rng.sample(range(top), n)), cached, already, page_size
+
+
+def _shrink_free(args: FreeArgs) -> list[FreeArgs]:
+    indices, cached, already, ps = args
+    out: list[FreeArgs] = []
+    if len(indices) > 1 and len(indices) - 1 > cached and (len(indices) - 1) // ps * ps >= already:
+        out.append((indices[:-1], cached, already, ps))
+    out += [((*indices[:i], x, *indices[i + 1 :]), cached, already, ps) for i in range(len(indices))
+            for x in shrink_int(indices[i]) if x not in indices]  # fmt: skip
+    return out
+
+
+def _show_free(args: FreeArgs) -> str:
+    indices, cached, already, ps = args
+    return (
+        f"slots_to_free(indices=tensor({short(list(indices), 40)}, dtype=torch.int32), cached_len={cached}, "
+        f"already_cached={already}, page_size={ps})"
+    )
+
+
+def _check_slots_to_free(fn: _F, args: FreeArgs, expected: list[int]) -> None:
+    indices, cached, already, page_size = args
+    tensor = torch.tensor(indices, dtype=torch.int32)
+    got = call_watching(
+        fn, ("indices", "cached_len", "already_cached", "page_size"), tensor, cached, already, page_size
+    )
+    if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
+        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
+    got_list = got.tolist()
+    if got_list != expected:
+        where, exp_text, got_text = diff(expected, got_list)
+        order = " They must come in the order they appear in indices." if sorted(got_list) == sorted(expected) else ""
+        raise Mismatch(
+            f"slots_to_free(indices={short(list(indices), 16)}, cached_len={cached}, "
+            f"already_cached={already}, page_size={page_size}) is wrong: {where}.{order} "
+            "The first cached_len slots belong to the tree; "
+            "the duplicates are indices[cached_len:already_cached]; "
+            "with page_size > 1 the tail after the last whole page was not inserted either.",
+            exp_text,
+            got_text,
+        )
+
+
+def _scenario_case(scenario: Scenario, run: Callable[[_F, Scenario], None]) -> Case:
+    return Case(scenario.description, scenario.size, lambda fn: run(fn, scenario))
+
+
+# -- lifecycle.admit ---------------------------------------------------------------
+
+
+# -- random scenarios -------------------------------------------------------------------
+
+
+def _draw_ids(rng: random.Random, length: int, big: bool) -> tuple[int, ...]:
+    """Token ids from a tiny vocabulary (so that prompts share), and with ``big`` also ids up to 2^20."""
+    return tuple(rng.randrange(2**20) if big and rng.random() < 0.3 else rng.randrange(3) for _ in range(length))
+
+
+def _draw_prompt(rng: random.Random, prompts: list[tuple[int, ...]], size: int, big: bool) -> tuple[int, ...]:
+    if prompts and rng.random() < 0.6:
+        base = rng.choice(prompts)
+        return base[: rng.randint(0, len(base))] + _draw_ids(rng, rng.randint(1, 1 + size // 2), big)
+    return _draw_ids(rng, rng.randint(1, 2 + size), big)
+
+
+def _draw_scenario(kind: str) -> Callable[[random.Random, int], Scenario]:
+    """Random scenarios for ``kind`` ("serve", "admit" or "finish"): any page size, tight pools, large ids."""
+
+    def draw(rng: random.Random, size: int) -> Scenario:
+        page_size = rng.choice((1, 1, 2, 3, 4))
+        big = rng.random() < 0.5
+        prompts: list[tuple[int, ...]] = []
+        events: list[Event] = []
+        running: list[str] = []
+        for i in range(rng.randint(1, 2 + size // 3)):
+            prompt = _draw_prompt(rng, prompts, size, big)
+            prompts.append(prompt)
+            if kind == "finish" and rng.random() < 0.7:
+                events.append(admit(f"r{i}", *prompt))
+                running.append(f"r{i}")
+                while running and (len(running) > 3 or rng.random() < 0.4):
+                    events.append(finish(running.pop(rng.randrange(len(running)))))
+            else:
+                events.append(serve(*prompt))
+        if kind == "admit":
+            events.append(admit("A", *_draw_prompt(rng, prompts, size, big)))
+        events.extend(finish(name) for name in running)
+        pages = sum(-(-len(e.ids) // page_size) for e in events)
+        if kind == "finish":  # every admit must fit, unless an earlier finish leaked
+            num_pages = pages + rng.randint(0, 4)
+        else:  # tight: eviction, and sometimes a request that cannot fit at all
+            longest = max(-(-len(e.ids) // page_size) for e in events)
+            num_pages = rng.randint(max(1, longest - 1), max(2, longest + pages // 2))
+        return Scenario("random", tuple(events), page_size, num_pages)
+
+    return draw
+
+
+def _shrink_scenario(scenario: Scenario) -> list[Scenario]:
+    r = dataclasses.replace
+    events = scenario.events
+    out = []
+    for i, event in enumerate(events):
+        if event.kind == "finish":
+            continue
+        dropped = tuple(e for j, e in enumerate(events) if j != i and not (e.kind == "finish" and e.name == event.name))
+        if event.name != "A":  # the admit exercise's last request stays
+            out.append(r(scenario, events=dropped))
+    for i, event in enumerate(events):
+        if len(event.ids) > 1:
+            out.append(r(scenario, events=(*events[:i], r(event, ids=event.ids[:-1]), *events[i + 1 :])))
+        smaller = tuple(min(t, 3) for t in event.ids)
+        if smaller != event.ids:
+            out.append(r(scenario, events=(*events[:i], r(event, ids=smaller), *events[i + 1 :])))
+    if scenario.page_size > 1:
+        out.append(r(scenario, page_size=1))
+    return out
+
+
+def _show_scenario(scenario: Scenario) -> str:
+    words = []
+    for event in scenario.events:
+        if event.kind == "serve":
+            words.append(f"serve {list(event.ids)}")
+        elif event.kind == "admit":
+            words.append(f"admit {event.name} = {list(event.ids)}")
+        else:
+            words.append(f"finish {event.name}")
+    return f"page_size {scenario.page_size}, {scenario.num_pages} pages: " + "; ".join(words)
+
+
+def _random_scenarios(kind: str, run: Callable[[_F, Scenario], None], seed: int) -> Case:
+    what = {"serve": "request histories", "admit": "cache states", "finish": "overlapping requests"}[kind]
+    return random_case(
+        f"24 random {what}: page sizes 1-4, tight pools, token ids up to 2^20",
+        Draw(_draw_scenario(kind), run, _show_scenario, _shrink_scenario, lambda s: s.size),
+        seed=seed,
+        max_size=12,
+    )
+
+
+def _no_evict_from(error: BaseException | None) -> None:
+    """An OutOfSlotsError where minikv succeeded: most likely ``pool.allocate`` was not given ``evict_from``."""
+    if isinstance(error, OutOfSlotsError):
+        raise Mismatch(
+            "your code ran out of slots where minikv's did not: the pool was short of free pages, "
+            "but the tree held unlocked prefixes that could be evicted. Call "
+            "pool.allocate(n, evict_from=manager): without evict_from the pool cannot evict anything.",
+            "the request admitted (after evicting)",
+            outcome(error),
+        )
 
 
 # -- lifecycle.admit ---------------------------------------------------------------
@@ -363,80 +554,89 @@ def _slots_to_free_cases() -> list[Case]:
     forbid=((_lifecycle, "admit"), (_lifecycle, "serve"), (_minikv, "admit"), (_minikv, "serve")),
 )
 def _admit_cases() -> list[Case]:
-    def make(scenario: Scenario) -> Case:
-        def run(fn: _F) -> None:
-            mine, ref = World(scenario), World(scenario)
-            for event in scenario.events[:-1]:
-                for world in (mine, ref):
-                    _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
-            ids = scenario.events[-1].ids
-            try:
-                expected: Request | None = _lifecycle.admit(ref.manager, ref.pool, list(ids))
-            except OutOfSlotsError:
-                expected = None
-            result, error = raised(fn, mine.manager, mine.pool, _ids(ids))
-            if expected is None:
-                if not isinstance(error, OutOfSlotsError):
-                    what = outcome(error, returned="returned normally")
-                    raise Mismatch(
-                        "the pool cannot supply enough slots even after evicting every unlocked prefix, "
-                        "so admit must fail with OutOfSlotsError (as pool.allocate does). "
-                        "Did you lock the match before allocating?",
-                        "OutOfSlotsError",
-                        what,
-                    )
-                if mine.manager.size_info.protected_size:
-                    raise Mismatch(
-                        "after the failed allocation the match is still locked: "
-                        "unlock it before letting the error out.",
-                        "protected_size 0",
-                        f"protected_size {mine.manager.size_info.protected_size}",
-                    )
-                compare_worlds(ref, mine, "after the failed admit")
-                return
-            if error is not None:
-                raise unexpected(error)
-            handle, indices = _unpack_admit(result)
-            if handle.cached_len > expected.cached_len:
-                raise Mismatch(
-                    "the handle matched more than a server may: match input_ids[:-1], "
-                    "so that at least the last token is computed.",
-                    str(expected.cached_len),
-                    str(handle.cached_len),
-                )
-            if handle.cached_len != expected.cached_len:
-                raise Mismatch("the handle's cached_len is wrong.", str(expected.cached_len), str(handle.cached_len))
-            if indices.tolist()[: expected.cached_len] != expected.indices.tolist()[: expected.cached_len]:
-                raise Mismatch(
-                    "the first cached_len slots must be the matched prefix's slots, in order.",
-                    str(expected.indices.tolist()),
-                    str(indices.tolist()),
-                )
-            if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(
-                indices
-            ) != len(ids):
-                raise Mismatch(
-                    f"the request needs {len(ids) - expected.cached_len} new slots "
-                    "from pool.allocate(..., evict_from=manager), after the matched ones.",
-                    str(expected.indices.tolist()),
-                    str(indices.tolist()),
-                )
-            _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=False)
-            mine.running["A"] = Request(expected.input_ids, handle, indices)
-            check_accounting(mine, "after your admit")
-            for world, request in ((mine, mine.running.pop("A")), (ref, expected)):
-                _lifecycle.finish(world.manager, world.pool, request)
-            if mine.manager.size_info.protected_size:
-                raise Mismatch(
-                    "after the request finished (one unlock), part of the tree is still locked: "
-                    "lock the handle exactly once.",
-                    "protected_size 0",
-                    f"protected_size {mine.manager.size_info.protected_size}",
-                )
+    return [_scenario_case(s, _run_admit) for s in ADMIT_SCENARIOS] + [
+        _random_scenarios("admit", _run_admit, seed=1000)
+    ]
 
-        return Case(scenario.description, scenario.size, run)
 
-    return [make(s) for s in ADMIT_SCENARIOS]
+def _run_admit(fn: _F, scenario: Scenario) -> None:
+    mine, ref = World(scenario), World(scenario)
+    for event in scenario.events[:-1]:
+        for world in (mine, ref):
+            with contextlib.suppress(OutOfSlotsError):  # twins: a request too large for the pool fails in both
+                _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
+    ids = scenario.events[-1].ids
+    try:
+        expected: Request | None = _lifecycle.admit(ref.manager, ref.pool, list(ids))
+    except OutOfSlotsError:
+        expected = None
+    given = _ids(ids)
+    result, error = raised(fn, mine.manager, mine.pool, given)
+    expect_unchanged(("input_ids",), (_ids(ids),), (given,))
+    if expected is None:
+        if not isinstance(error, OutOfSlotsError):
+            what = outcome(error, returned="returned normally")
+            raise Mismatch(
+                "the pool cannot supply enough slots even after evicting every unlocked prefix, "
+                "so admit must fail with OutOfSlotsError (as pool.allocate does). "
+                "Did you lock the match before allocating?",
+                "OutOfSlotsError",
+                what,
+            )
+        if mine.manager.size_info.protected_size:
+            raise Mismatch(
+                "after the failed allocation the match is still locked: unlock it before letting the error out.",
+                "protected_size 0",
+                f"protected_size {mine.manager.size_info.protected_size}",
+            )
+        compare_worlds(ref, mine, "after the failed admit")
+        return
+    _no_evict_from(error)
+    if error is not None:
+        raise unexpected(error)
+    handle, indices = _unpack_admit(result)
+    if handle.cached_len > expected.cached_len:
+        raise Mismatch(
+            "the handle matched more than a server may: match input_ids[:-1], "
+            "so that at least the last token is computed.",
+            str(expected.cached_len),
+            str(handle.cached_len),
+        )
+    if handle.cached_len != expected.cached_len:
+        raise Mismatch("the handle's cached_len is wrong.", str(expected.cached_len), str(handle.cached_len))
+    if indices.tolist()[: expected.cached_len] != expected.indices.tolist()[: expected.cached_len]:
+        where, exp_text, got_text = diff(expected.indices.tolist(), indices.tolist())
+        raise Mismatch(
+            f"the first cached_len slots must be the matched prefix's slots, in order: {where}.", exp_text, got_text
+        )
+    if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(indices) != len(
+        ids
+    ):
+        where, exp_text, got_text = diff(expected.indices.tolist(), indices.tolist())
+        raise Mismatch(
+            f"the request needs {len(ids) - expected.cached_len} new slots "
+            f"from pool.allocate(..., evict_from=manager), after the matched ones: {where}.",
+            exp_text,
+            got_text,
+        )
+    _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=True)
+    if mine.pool.num_free_pages != ref.pool.num_free_pages:
+        raise Mismatch(
+            "after your admit the pool should have "
+            f"{ref.pool.num_free_pages} free pages: allocate exactly the uncached tokens' slots, once.",
+            str(ref.pool.num_free_pages),
+            str(mine.pool.num_free_pages),
+        )
+    mine.running["A"] = Request(expected.input_ids, handle, indices)
+    check_accounting(mine, "after your admit")
+    for world, request in ((mine, mine.running.pop("A")), (ref, expected)):
+        _lifecycle.finish(world.manager, world.pool, request)
+    if mine.manager.size_info.protected_size:
+        raise Mismatch(
+            "after the request finished (one unlock), part of the tree is still locked: lock the handle exactly once.",
+            "protected_size 0",
+            f"protected_size {mine.manager.size_info.protected_size}",
+        )
 
 
 def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
@@ -461,46 +661,43 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
     forbid=((_lifecycle, "finish"), (_lifecycle, "serve"), (_minikv, "finish"), (_minikv, "serve")),
 )
 def _finish_cases() -> list[Case]:
-    def make(scenario: Scenario) -> Case:
-        def run(fn: _F) -> None:
-            mine, ref = World(scenario), World(scenario)
-            for event in scenario.events:
-                if event.kind == "serve":
-                    for world in (mine, ref):
-                        _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
-                elif event.kind == "admit":
-                    for world in (mine, ref):
-                        world.admit(event.name, event.ids)
-                else:
-                    when = f"after your finish of request {event.name}"
-                    theirs, request = ref.running.pop(event.name), mine.running.pop(event.name)
-                    expected = _lifecycle.finish(ref.manager, ref.pool, theirs)
-                    got = expect_int(
-                        "finish's result",
-                        call(
-                            fn,
-                            mine.manager,
-                            mine.pool,
-                            _ids(request.input_ids.tolist()),
-                            request.handle,
-                            request.indices,
-                        ),
-                    )
-                    if got != expected:
-                        raise Mismatch(
-                            f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got)
-                        )
-                    check_accounting(mine, when)
-                    compare_worlds(ref, mine, when)
-                    locked = mine.manager.size_info.protected_size - ref.manager.size_info.protected_size
-                    if locked:
-                        raise Mismatch(
-                            f"{when}, {locked} slots are still locked: unlock the request's handle (step 7)."
-                        )
+    return [_scenario_case(s, _run_finish) for s in FINISH_SCENARIOS] + [
+        _random_scenarios("finish", _run_finish, seed=1100)
+    ]
 
-        return Case(scenario.description, scenario.size, run)
 
-    return [make(s) for s in FINISH_SCENARIOS]
+def _run_finish(fn: _F, scenario: Scenario) -> None:
+    mine, ref = World(scenario), World(scenario)
+    for event in scenario.events:
+        if event.kind == "serve":
+            for world in (mine, ref):
+                _lifecycle.serve(world.manager, world.pool, list(event.ids), world.kv_cache, kv_fn)
+        elif event.kind == "admit":
+            ref.admit(event.name, event.ids)
+            try:
+                mine.admit(event.name, event.ids)
+            except OutOfSlotsError:
+                raise Mismatch(
+                    f"request {event.name} could not get its slots, although minikv's pool had them: "
+                    "an earlier finish kept slots that it should have given back.",
+                    f"{ref.pool.num_free_pages} free pages",
+                    f"{mine.pool.num_free_pages} free pages",
+                ) from None
+        else:
+            when = f"after your finish of request {event.name}"
+            theirs, request = ref.running.pop(event.name), mine.running.pop(event.name)
+            expected = _lifecycle.finish(ref.manager, ref.pool, theirs)
+            args = (_ids(request.input_ids.tolist()), request.handle, request.indices)
+            before = keep(args[0]), keep(args[2])
+            got = expect_int("finish's result", call(fn, mine.manager, mine.pool, *args))
+            expect_unchanged(("input_ids", "indices"), before, (args[0], args[2]))
+            if got != expected:
+                raise Mismatch(f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got))
+            check_accounting(mine, when)
+            compare_worlds(ref, mine, when)
+            locked = mine.manager.size_info.protected_size - ref.manager.size_info.protected_size
+            if locked:
+                raise Mismatch(f"{when}, {locked} slots are still locked: unlock the request's handle (step 7).")
 
 
 # -- lifecycle.serve -----------------------------------------------------------------
@@ -512,47 +709,105 @@ def _finish_cases() -> list[Case]:
     forbid=tuple((owner, name) for owner in (_lifecycle, _minikv) for name in ("admit", "finish", "serve")),
 )
 def _serve_cases() -> list[Case]:
-    def make(scenario: Scenario) -> Case:
-        def run(fn: _F) -> None:
-            mine, ref = World(scenario), World(scenario)
-            for number, event in enumerate(scenario.events, 1):
-                when = f"after request {number} ({list(event.ids)})"
-                try:
-                    expected: int | None = _lifecycle.serve(
-                        ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn
-                    ).cached_len
-                except OutOfSlotsError:
-                    expected = None
-                got, error = raised(fn, mine.manager, mine.pool, _ids(event.ids), mine.kv_cache, kv_fn)
-                if expected is None:
-                    if not isinstance(error, OutOfSlotsError):
-                        what = outcome(error, returned="returned normally")
-                        raise Mismatch(
-                            f"request {number} cannot get enough slots even after evicting every unlocked prefix: "
-                            "it must fail with OutOfSlotsError. (Did you lock the match before allocating?)",
-                            "OutOfSlotsError",
-                            what,
-                        )
-                    when = f"after request {number} failed"
-                else:
-                    if error is not None:
-                        raise unexpected(error)
-                    got = expect_int("serve's result (the number of cached tokens)", got)
-                    if got != expected:
-                        raise Mismatch(
-                            f"request {number}: return how many prompt tokens came from the cache.",
-                            str(expected),
-                            str(got),
-                        )
-                    check_kv(mine, event.ids, when)
-                if mine.manager.size_info.protected_size:
-                    raise Mismatch(
-                        f"{when}, {mine.manager.size_info.protected_size} slots are still locked: "
-                        "every lock needs its unlock, also when allocation fails."
-                    )
-                check_accounting(mine, when)
-                compare_worlds(ref, mine, when)
+    return [_scenario_case(s, _run_serve) for s in SERVE_SCENARIOS] + [
+        _random_scenarios("serve", _run_serve, seed=1200)
+    ]
 
-        return Case(scenario.description, scenario.size, run)
 
-    return [make(s) for s in SERVE_SCENARIOS]
+class _WatchedCache:
+    """Records the slots every ``store_kv`` call writes (and the manager's evictions), then lets them happen."""
+
+    def __init__(self, kv_cache: MHAKVCache, manager: RadixCacheManager) -> None:
+        self.kv_cache = kv_cache
+        self.written: set[int] = set()
+        self.evicted: set[int] = set()
+        real = kv_cache.store_kv
+        real_evict = manager.evict
+
+        def evict(size: int) -> torch.Tensor:
+            freed = real_evict(size)
+            self.evicted.update(freed.tolist())
+            return freed
+
+        manager.evict = evict  # type: ignore[method-assign]
+
+        def store_kv(k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+            self.written.update(torch.as_tensor(out_loc).flatten().tolist())
+            real(k, v, out_loc, layer_id)
+
+        kv_cache.store_kv = store_kv  # type: ignore[method-assign]
+
+    def rows(self, slots: list[int]) -> list[torch.Tensor]:
+        index = torch.tensor(slots, dtype=torch.int64)
+        ps = self.kv_cache.page_size
+        return [
+            cache[index // ps, index % ps].clone()
+            for layer in range(LAYERS)
+            for cache in (self.kv_cache.k_cache(layer), self.kv_cache.v_cache(layer))
+        ]
+
+
+def _run_serve(fn: _F, scenario: Scenario) -> None:
+    mine, ref = World(scenario), World(scenario)
+    watched = _WatchedCache(mine.kv_cache, mine.manager)
+    for number, event in enumerate(scenario.events, 1):
+        when = f"after request {number} ({list(event.ids)})"
+        try:
+            expected: int | None = _lifecycle.serve(
+                ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn
+            ).cached_len
+        except OutOfSlotsError:
+            expected = None
+        tree_before = set(_trees.all_slots(_trees.snapshot(mine.manager)))
+        kept = sorted(tree_before)
+        rows_before = watched.rows(kept)
+        watched.written.clear()
+        watched.evicted.clear()
+        given = _ids(event.ids)
+        got, error = raised(fn, mine.manager, mine.pool, given, mine.kv_cache, kv_fn)
+        expect_unchanged(("input_ids",), (_ids(event.ids),), (given,))
+        survived = tree_before - watched.evicted  # cached before, and never handed out again
+        overwritten = sorted(watched.written & survived)
+        after = watched.rows(kept)
+        changed = [
+            slot
+            for k, slot in enumerate(kept)
+            if slot in survived
+            and any(bool((new[k] != old[k]).any()) for new, old in zip(after, rows_before, strict=True))
+        ]
+        if overwritten or changed:
+            slot = (overwritten or changed)[0]
+            raise Mismatch(
+                f"request {number} wrote into slot {slot}, which holds a cached prefix the tree keeps: "
+                "store only the new tokens, kv_fn(layer, input_ids, cached_len), into the request's own slots, "
+                "indices[cached_len:]; the matched slots are shared and must stay as they are.",
+                "writes only into indices[cached_len:]",
+                f"writes into {len(overwritten or changed)} cached slot(s), e.g. {slot}",
+            )
+        if expected is None:
+            if not isinstance(error, OutOfSlotsError):
+                what = outcome(error, returned="returned normally")
+                raise Mismatch(
+                    f"request {number} cannot get enough slots even after evicting every unlocked prefix: "
+                    "it must fail with OutOfSlotsError. (Did you lock the match before allocating?)",
+                    "OutOfSlotsError",
+                    what,
+                )
+            when = f"after request {number} failed"
+        else:
+            _no_evict_from(error)
+            if error is not None:
+                raise unexpected(error)
+            got = expect_int("serve's result (the number of cached tokens)", got)
+            if got != expected:
+                raise Mismatch(
+                    f"request {number}: return how many prompt tokens came from the cache.", str(expected), str(got)
+                )
+            check_kv(mine, event.ids, when)
+        if mine.manager.size_info.protected_size:
+            raise Mismatch(
+                f"{when}, {mine.manager.size_info.protected_size} slots are still locked: "
+                "every lock needs its unlock, also when allocation fails."
+            )
+        check_accounting(mine, when)
+        compare_worlds(ref, mine, when)

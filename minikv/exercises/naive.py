@@ -7,6 +7,7 @@ the wrong way about what is "already cached" leaks slots, and the pool shows it.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +16,23 @@ import torch
 from ..base import BaseCacheHandle
 from ..errors import OutOfSlotsError
 from ..lifecycle import serve
+from ..naive_manager import NaiveCacheManager
 from ..page_pool import PagePool
-from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_equal, expect_int, outcome, raised
+from ._core import (
+    Case,
+    Draw,
+    LearnerRaised,
+    Mismatch,
+    call,
+    call_watching,
+    exercise,
+    expect_equal,
+    expect_int,
+    outcome,
+    raised,
+    random_case,
+    shrink_tuple,
+)
 
 _F = Callable[..., object]
 
@@ -36,12 +52,19 @@ def _expect_empty_slots(what: str, got: object) -> None:
         )
 
 
-@exercise("naive.manager", "NaiveCacheManager: the manager that caches nothing")
+_METHODS = ("match_prefix", "lock_handle", "insert_prefix", "evict", "reset", "check_integrity", "__init__")
+
+
+@exercise(
+    "naive.manager",
+    "NaiveCacheManager: the manager that caches nothing",
+    forbid=tuple((NaiveCacheManager, name) for name in _METHODS if name in vars(NaiveCacheManager)),
+)
 def _naive_cases() -> list[Case]:
     def match_case(fn: _F) -> None:
         manager = _make(fn)
-        for ids in ([1, 2, 3], [], list(range(50))):
-            result = call(manager.match_prefix, torch.tensor(ids, dtype=torch.int64))
+        for ids in ([1, 2, 3], [], list(range(50)), [2**40, 7, 2**62]):
+            result = call_watching(manager.match_prefix, ("input_ids",), torch.tensor(ids, dtype=torch.int64))
             if not (isinstance(result, tuple) and len(result) == 2):
                 raise Mismatch("match_prefix must return a pair (handle, indices).", "(handle, indices)", repr(result))
             handle, indices = result
@@ -65,9 +88,9 @@ def _naive_cases() -> list[Case]:
     def insert_case(fn: _F) -> None:
         manager = _make(fn)
         for n in (3, 0, 7):
+            ids, slots = torch.arange(n) * 2**40, torch.randperm(n + 5)[:n].to(torch.int32)
             got = expect_int(
-                "insert_prefix's result",
-                call(manager.insert_prefix, torch.arange(n), torch.arange(n, dtype=torch.int32)),
+                "insert_prefix's result", call_watching(manager.insert_prefix, ("input_ids", "indices"), ids, slots)
             )
             if got != n:
                 raise Mismatch(
@@ -133,6 +156,17 @@ def _naive_cases() -> list[Case]:
 
         return run
 
+    def draw(rng: random.Random, size: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+        prompts = tuple(
+            tuple(rng.randrange(2**40) if rng.random() < 0.3 else rng.randrange(3) for _ in range(rng.randint(1, size)))
+            for _ in range(rng.randint(1, 2 + size // 2))
+        )
+        return prompts, max(len(p) for p in prompts) + rng.randint(0, 2)
+
+    def shrink(value: tuple[tuple[tuple[int, ...], ...], int]) -> list[tuple[tuple[tuple[int, ...], ...], int]]:
+        prompts, pages = value
+        return [(p, pages) for p in shrink_tuple(prompts, 1)]
+
     return [
         Case("match_prefix always returns an empty match: cached_len 0 and an empty int32 tensor", 1, match_case),
         Case("lock_handle and unlocking accept the handle and do nothing", 1, lock_case),
@@ -147,5 +181,17 @@ def _naive_cases() -> list[Case]:
         ),
         Case(
             "requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)
+        ),
+        random_case(
+            "24 random request sequences through the seven steps, token ids up to 2^40, pools just large enough",
+            Draw(
+                draw,
+                lambda fn, v: serve_case([list(p) for p in v[0]], v[1])(fn),
+                lambda v: f"{v[1]} pages, prompts {[list(p) for p in v[0]]}",
+                shrink,
+                lambda v: sum(map(len, v[0])),
+            ),
+            seed=1600,
+            max_size=12,
         ),
     ]

@@ -12,8 +12,11 @@ number, a stride from the wrong tensor), not for any address at all.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,9 +28,25 @@ from ..base import KVCacheLayout
 from ..kernels import cpu_copy as _cpu_copy
 from ..kernels import store as _store_module
 from ..mha_pool import MHAKVCache
-from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_equal, outcome, raised
+from ._core import (
+    Case,
+    Draw,
+    Invalid,
+    LearnerRaised,
+    Mismatch,
+    call,
+    call_watching,
+    exercise,
+    expect_equal,
+    outcome,
+    raised,
+    random_case,
+    shrink_int,
+)
+from ._report import diff
 
 _F = Callable[..., object]
+LAYERS = 2
 FILL = -3.0
 """What every cache slot holds before a store, so that an unwritten slot is recognisable."""
 GUARD_FACTOR = 64
@@ -85,7 +104,38 @@ def _tp_cases() -> list[Case]:
 
         return Case(desc, heads, run)
 
-    return [make(*s) for s in splits] + [make_error(*s) for s in errors]
+    def draw(rng: random.Random, size: int) -> tuple[int, int, int]:
+        tp = rng.randint(1, 1 + size // 2)
+        heads = tp * rng.randint(1, 1 + size // 2) if rng.random() < 0.7 else rng.randint(1, 4 + size * 2)
+        rank = rng.choice((rng.randrange(tp), rng.randrange(tp), -1, -rng.randint(1, 9), tp, tp + rng.randint(1, 9)))
+        return heads, rank, tp
+
+    def run_one(fn: _F, args: tuple[int, int, int]) -> None:
+        try:
+            MHAKVCache(
+                args[0], 1, 1, 1, torch.float32, KVCacheLayout.LayerFirst, "cpu", tp_rank=args[1], tp_size=args[2]
+            )
+        except ValueError:
+            make_error("", *args).run(fn)
+        else:
+            make("", *args).run(fn)
+
+    def shrink(args: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+        heads, rank, tp = args
+        return [(h, rank, tp) for h in shrink_int(heads, 1)] + [(heads, rank, t) for t in shrink_int(tp, 1)]
+
+    return (
+        [make(*s) for s in splits]
+        + [make_error(*s) for s in errors]
+        + [
+            random_case(
+                "24 random splits, possible and impossible (negative ranks, ranks past the end, uneven splits)",
+                Draw(draw, run_one, lambda a: f"tp_head_range({a[0]}, {a[1]}, {a[2]})", shrink),
+                seed=700,
+                max_size=30,
+            )
+        ]
+    )
 
 
 # -- storage.page_first_view ----------------------------------------------------
@@ -102,39 +152,92 @@ def _view_cases() -> list[Case]:
     ]
 
     def make(desc: str, pages: int, layers: int, heads: int, dim: int) -> Case:
-        def run(fn: _F) -> None:
-            numel = 2 * pages * layers * heads * dim
-            buffer = torch.arange(numel, dtype=torch.float32).view(2, pages, layers, heads, dim)
-            original = buffer.clone()
-            got = call(fn, buffer)
-            if not isinstance(got, torch.Tensor):
-                raise Mismatch("return a tensor.", "a torch.Tensor", type(got).__name__)
-            expect_equal(
-                "the view's shape (2, layers, pages, heads, head_dim)", (2, layers, pages, heads, dim), tuple(got.shape)
-            )
-            if not torch.equal(buffer, original):
-                raise Mismatch("your function changed the buffer's contents; a view only looks at them.")
-            expected = buffer.permute(0, 2, 1, 3, 4)
-            if not torch.equal(got, expected):
-                raise Mismatch(
-                    _describe_wrong_view(got, expected, buffer),
-                    "view[kv, layer, page] == buffer[kv, page, layer]",
-                    "see above",
-                )
-            if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
-                raise Mismatch(
-                    "your result is a copy, not a view: the store kernel would write into the copy "
-                    "and the cache would never see it.",
-                    "a tensor that shares the buffer's memory",
-                    "a tensor with memory of its own",
-                )
-            got[1, layers - 1, 0, heads - 1, dim - 1] = -1.0
-            if buffer[1, 0, layers - 1, heads - 1, dim - 1].item() != -1.0:
-                raise Mismatch("writing through your view did not change the buffer where it should have.")
+        return Case(desc, pages * layers * heads * dim, lambda fn: _check_view(fn, (pages, layers, heads, dim)))
 
-        return Case(desc, pages * layers * heads * dim, run)
+    def draw(rng: random.Random, size: int) -> tuple[Any, ...]:
+        dims = tuple(rng.randint(1, 1 + size // 3) for _ in range(4))
+        return (*dims, rng.choice(_VIEW_DTYPES), rng.choice(("contiguous", "offset", "strided")))
 
-    return [make(*s) for s in shapes]
+    def shrink(value: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        out = [(*value[:i], x, *value[i + 1 :]) for i in range(4) for x in shrink_int(value[i], 1)]
+        return out + ([(*value[:4], torch.float32, value[5])] if value[4] != torch.float32 else [])
+
+    def show(value: tuple[Any, ...]) -> str:
+        pages, layers, heads, dim, dtype, kind = value
+        where = {"contiguous": "its own contiguous memory", "offset": "a slice of a larger tensor",
+                 "strided": "a view whose head_dim stride is 2"}[kind]  # fmt: skip
+        return f"a {dtype} buffer of {pages} pages, {layers} layers, {heads} heads, head_dim {dim}, in {where}"
+
+    return [make(*s) for s in shapes] + [
+        random_case(
+            "24 random buffers: any shape, dtype, storage offset and strides",
+            Draw(draw, lambda fn, v: _check_view(fn, v[:4], v[4], v[5]), show, shrink),
+            seed=600,
+            max_size=18,
+        )
+    ]
+
+
+_VIEW_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
+
+
+def _page_first_buffer(dims: tuple[int, ...], dtype: torch.dtype, kind: str) -> torch.Tensor:
+    """A page-first buffer holding 0, 1, 2, ... in its own element order, stored as ``kind`` says."""
+    pages, layers, heads, dim = dims
+    shape = (2, pages, layers, heads, dim)
+    numel = 2 * pages * layers * heads * dim
+    values = torch.arange(numel, dtype=torch.float64)
+    if kind == "offset":
+        big = torch.full((numel + 37,), -5.0, dtype=torch.float64)
+        buffer = big[17 : 17 + numel].view(shape)
+    elif kind == "strided":
+        buffer = torch.full((*shape[:-1], 2 * dim), -5.0, dtype=torch.float64)[..., ::2]
+    else:
+        buffer = torch.empty(shape, dtype=torch.float64)
+    buffer.copy_(values.view(shape))
+    if dtype == torch.float64:
+        return buffer
+    # the same storage layout in the wanted dtype (exact for small sizes, where reports point at elements)
+    base = torch.zeros(buffer.untyped_storage().nbytes() // 8, dtype=dtype)
+    out = base.as_strided(shape, buffer.stride(), buffer.storage_offset())
+    out.copy_(buffer)
+    return out
+
+
+def _check_view(fn: _F, dims: tuple[int, ...], dtype: torch.dtype = torch.float32, kind: str = "contiguous") -> None:
+    pages, layers, heads, dim = dims
+    buffer = _page_first_buffer(dims, dtype, kind)
+    whole = buffer.untyped_storage()
+    original, memory = buffer.clone(), torch.empty(0, dtype=torch.uint8).set_(whole).clone()
+    got = call(fn, buffer)
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch("return a tensor.", "a torch.Tensor", type(got).__name__)
+    expect_equal(
+        "the view's shape (2, layers, pages, heads, head_dim)", (2, layers, pages, heads, dim), tuple(got.shape)
+    )
+    if not torch.equal(buffer, original) or not torch.equal(torch.empty(0, dtype=torch.uint8).set_(whole), memory):
+        raise Mismatch("your function changed the buffer's memory; a view only looks at it.")
+    expected = buffer.permute(0, 2, 1, 3, 4)
+    if not torch.equal(got, expected):
+        exact = dtype in (torch.float64, torch.float32, torch.int64, torch.int32) or buffer.numel() <= 256
+        raise Mismatch(
+            _describe_wrong_view(got, expected, buffer)
+            if exact and kind == "contiguous"
+            else "your view does not show buffer[kv, page, layer] at view[kv, layer, page]: "
+            "the layers and pages must swap places, whatever the buffer's strides and offset.",
+            "view[kv, layer, page] == buffer[kv, page, layer]",
+            "other elements (see above)",
+        )
+    if got.untyped_storage().data_ptr() != whole.data_ptr():
+        raise Mismatch(
+            "your result is a copy, not a view: the store kernel would write into the copy "
+            "and the cache would never see it.",
+            "a tensor that shares the buffer's memory",
+            "a tensor with memory of its own",
+        )
+    got[1, layers - 1, 0, heads - 1, dim - 1] = 7
+    if buffer[1, 0, layers - 1, heads - 1, dim - 1].item() != 7:
+        raise Mismatch("writing through your view did not change the buffer where it should have.")
 
 
 def _describe_wrong_view(got: torch.Tensor, expected: torch.Tensor, buffer: torch.Tensor) -> str:
@@ -177,28 +280,72 @@ def _slot_mapping_cases() -> list[Case]:
     ]
 
     def make(desc: str, table: list[int], start: int, end: int, page_size: int) -> Case:
-        def run(fn: _F) -> None:
-            page_table = torch.tensor(table, dtype=torch.int32)
-            got = call(fn, page_table.clone(), start, end, page_size)
-            expected = _slots_by_address(page_table, start, end, page_size)
-            if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
-                raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
-            got_list = got.tolist()
-            if got_list != expected:
-                raise Mismatch(
-                    f"the slots of positions {start}..{end - 1} with page_size {page_size} "
-                    f"and page table {table} are wrong.",
-                    str(expected),
-                    str(got_list),
-                )
+        return Case(desc, end - start, lambda fn: _check_slot_mapping(fn, tuple(table), start, end, page_size))
 
-        return Case(desc, end - start, run)
+    def draw(rng: random.Random, size: int) -> tuple[tuple[int, ...], int, int, int]:
+        page_size = rng.choice((1, 2, 3, 4, 5, 7, 8, 16, 32, rng.randint(1, 64)))
+        end = rng.randint(0, size * 4)
+        start = rng.randint(0, end)
+        pages_needed = -(-end // page_size) + rng.randint(0, 2)
+        top = (2**31 - 1) // page_size - 1 if rng.random() < 0.4 else 4 * pages_needed + 4  # slots stay int32
+        table = tuple(rng.sample(range(top + 1), pages_needed) if top < 10**6 else
+                      {rng.randint(0, top) for _ in range(pages_needed)})  # fmt: skip
+        while len(table) < pages_needed:
+            table += (rng.randint(0, top),)
+        return table, start, end, page_size
 
-    return [make(*s) for s in settings]
+    def shrink(args: tuple[tuple[int, ...], int, int, int]) -> list[tuple[tuple[int, ...], int, int, int]]:
+        table, start, end, ps = args
+        out = [(table, start, e, ps) for e in shrink_int(end, start) if -(-e // ps) <= len(table)]
+        out += [(table, st, end, ps) for st in shrink_int(start)]
+        out += [(table[:-1], start, end, ps)] if len(table) > -(-end // ps) else []
+        out += [(table, start, end, p) for p in shrink_int(ps, 1)]
+        out += [((*table[:i], x, *table[i + 1 :]), start, end, ps) for i in range(len(table))
+                for x in shrink_int(table[i]) if x not in table]  # fmt: skip
+        return out
+
+    def show(args: tuple[tuple[int, ...], int, int, int]) -> str:
+        table, start, end, ps = args
+        return (
+            f"slot_mapping(page_table=tensor({list(table)}, dtype=torch.int32), "
+            f"start={start}, end={end}, page_size={ps})"
+        )
+
+    return [make(*s) for s in settings] + [
+        random_case(
+            "24 random page tables (any page order, page ids up to 2^31 / page_size), "
+            "ranges that start and end mid-page",
+            Draw(draw, lambda fn, a: _check_slot_mapping(fn, *a), show, shrink, lambda a: a[2] - a[1]),
+            seed=800,
+            max_size=20,
+        )
+    ]
+
+
+def _check_slot_mapping(fn: _F, table: tuple[int, ...], start: int, end: int, page_size: int) -> None:
+    page_table = torch.tensor(table, dtype=torch.int32)
+    got = call_watching(fn, ("page_table", "start", "end", "page_size"), page_table, start, end, page_size)
+    if max(table, default=0) < 4096:
+        expected = _slots_by_address(page_table, start, end, page_size)
+    else:  # too large a cache to allocate: the definition, in Python ints
+        expected = [table[p // page_size] * page_size + p % page_size for p in range(start, end)]
+    if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
+        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
+    got_list = got.tolist()
+    if got_list != expected:
+        where, exp_text, got_text = diff(expected, got_list)
+        raise Mismatch(
+            f"the slots of positions {start}..{end - 1} with page_size {page_size} "
+            f"and page table {list(table)[:12]}{'...' if len(table) > 12 else ''} are wrong: {where}.",
+            exp_text,
+            got_text,
+        )
 
 
 def _slots_by_address(page_table: torch.Tensor, start: int, end: int, page_size: int) -> list[int]:
     """Find each position's slot by where its row lives in a real paged cache, not by formula."""
+    if not len(page_table):
+        return []
     pages = int(page_table.max()) + 1
     cache = MHAKVCache(1, 1, 1, pages, torch.float32, KVCacheLayout.LayerFirst, "cpu", page_size=page_size)
     k = cache.k_cache(0)  # (pages, page_size, 1, 1), contiguous: the flat element index is the slot
@@ -221,10 +368,15 @@ class StoreSetup:
     page_size: int = 1
     num_pages: int = 16
     dtype: torch.dtype = torch.float32
-    layout: str = "contiguous"  # or "page_first": a layer of a page-first buffer
-    source: str = "contiguous"  # or "fused_qkv", "mixed" (K fused, V contiguous), "heads_major"
+    layout: str = "contiguous"
+    """Or "page_first" (a layer of a page-first buffer), "transposed" (head_dim's stride is not 1: heads
+    are the fastest dimension in memory) or "padded" (each head's row is a slice of a longer row)."""
+    source: str = "contiguous"
+    """Or "fused_qkv", "mixed" (K fused, V contiguous), "heads_major", "strided_dim" (head_dim stride 2)."""
     index_dtype: torch.dtype = torch.int32
     bad_slot: int | None = None
+    bad_position: int = -1
+    """Where in ``indices`` the bad slot goes (the last one by default)."""
     strided_indices: bool = False
     """``indices`` is every other element of a longer tensor (a column of a 2-D table, say)."""
     seed: int = 0
@@ -255,7 +407,80 @@ STORE_SETUPS = [
     StoreSetup("a slot one past the end of the cache: raise IndexError and write nothing",
                4, num_pages=8, bad_slot=8, seed=12),
     StoreSetup("a negative slot: raise IndexError and write nothing", 4, num_pages=8, bad_slot=-1, seed=13),
+    StoreSetup("the bad slot comes first: raise IndexError and write nothing",
+               5, num_pages=8, bad_slot=99, bad_position=0, seed=15),
+    StoreSetup("a cache whose head_dim stride is not 1 (heads are the fastest dimension in memory)",
+               7, heads=3, head_dim=5, page_size=2, num_pages=8, layout="transposed", seed=16),
+    StoreSetup("a cache whose rows are slices of longer rows: the gaps must stay untouched",
+               7, heads=2, head_dim=6, page_size=3, num_pages=6, layout="padded", seed=17),
+    StoreSetup("k and v whose head_dim stride is not 1", 8, heads=2, head_dim=6, source="strided_dim", seed=18),
+    StoreSetup("float64", 9, dtype=torch.float64, page_size=2, seed=19),
 ]  # fmt: skip
+
+_LAYOUTS = ("contiguous", "page_first", "transposed", "padded")
+_SOURCES = ("contiguous", "fused_qkv", "mixed", "heads_major", "strided_dim")
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _draw_store(rng: random.Random, size: int) -> StoreSetup:
+    """Any setup the task allows: sizes, page sizes, layouts, source strides, dtypes, index dtypes, bad slots."""
+    page_size = rng.choice((1, 1, 2, 3, 4, 5, 8, 16))
+    num_pages = rng.randint(1, 2 + 2 * size // page_size)
+    n = rng.randint(0, min(size, num_pages * page_size))
+    bad = None
+    if n and rng.random() < 0.2:
+        bad = rng.choice((-1, -rng.randint(2, 50), num_pages * page_size, num_pages * page_size + rng.randint(1, 99)))
+    return StoreSetup(
+        "random",
+        n,
+        heads=rng.randint(1, 5),
+        head_dim=rng.randint(1, 20),
+        page_size=page_size,
+        num_pages=num_pages,
+        dtype=rng.choice(_DTYPES),
+        layout=rng.choice(_LAYOUTS),
+        source=rng.choice(_SOURCES),
+        index_dtype=rng.choice((torch.int32, torch.int64)),
+        bad_slot=bad,
+        bad_position=rng.randrange(n) if n else -1,
+        strided_indices=rng.random() < 0.3,
+        seed=rng.randrange(2**31),
+    )
+
+
+def _shrink_store(setup: StoreSetup) -> list[StoreSetup]:
+    r = dataclasses.replace
+    out = [r(setup, num_tokens=n) for n in shrink_int(setup.num_tokens, 1 if setup.bad_slot is not None else 0)]
+    out += [r(setup, heads=h) for h in shrink_int(setup.heads, 1)]
+    out += [r(setup, head_dim=d) for d in shrink_int(setup.head_dim, 1)]
+    out += [r(setup, num_pages=p) for p in shrink_int(setup.num_pages, 1)]
+    out += [r(setup, page_size=p) for p in shrink_int(setup.page_size, 1)]
+    for name, plain in (("layout", "contiguous"), ("source", "contiguous"), ("dtype", torch.float32),
+                        ("index_dtype", torch.int32), ("strided_indices", False)):  # fmt: skip
+        if getattr(setup, name) != plain:
+            out.append(r(setup, **{name: plain}))
+    return out
+
+
+def _run_store(fn: _F, setup: StoreSetup) -> None:
+    s = setup
+    slots = s.num_pages * s.page_size
+    if s.num_tokens > slots or (s.bad_slot is not None and (s.num_tokens == 0 or 0 <= s.bad_slot < slots)):
+        raise Invalid
+    position = s.bad_position if s.bad_position < s.num_tokens else -1
+    _Store(dataclasses.replace(s, bad_position=position)).run(fn)
+
+
+def _show_store(setup: StoreSetup) -> str:
+    s = setup
+    text = (
+        f"{s.num_tokens} tokens, {s.heads} heads of {s.head_dim}, page_size {s.page_size}, {s.num_pages} pages, "
+        f"{str(s.dtype).replace('torch.', '')}, cache layout {s.layout}, k/v {s.source}, "
+        f"indices {str(s.index_dtype).replace('torch.', '')}{' (a strided view)' if s.strided_indices else ''}"
+    )
+    if s.bad_slot is not None:
+        text += f", slot {s.bad_slot} (out of range) at position {s.bad_position}"
+    return text
 
 
 class _Store:
@@ -264,16 +489,11 @@ class _Store:
     def __init__(self, setup: StoreSetup) -> None:
         self.setup = s = setup
         device = _device()
-        layers = 2
-        cache_numel = 2 * layers * s.num_pages * s.page_size * s.heads * s.head_dim
+        pad = s.head_dim if s.layout == "padded" else 0
+        cache_numel = 2 * LAYERS * s.num_pages * s.page_size * s.heads * (s.head_dim + pad)
         self.guard = GUARD_FACTOR * cache_numel + 4096
         self.base = torch.full((self.guard + cache_numel + self.guard,), FILL, dtype=s.dtype, device=device)
-        inner = self.base[self.guard : self.guard + cache_numel]
-        if s.layout == "page_first":
-            buffer = inner.view(2, s.num_pages, layers, s.page_size, s.heads, s.head_dim).permute(0, 2, 1, 3, 4, 5)
-        else:
-            buffer = inner.view(2, layers, s.num_pages, s.page_size, s.heads, s.head_dim)
-        self.k_cache, self.v_cache = buffer[0, 1], buffer[1, 1]  # layer 1: not at the start of the buffer
+        self.k_cache, self.v_cache = self._layer(self.base)
         self.cache_numel = cache_numel
         gen = torch.Generator().manual_seed(s.seed)
         n, h, d = s.num_tokens, s.heads, s.head_dim
@@ -282,7 +502,7 @@ class _Store:
         num_slots = s.num_pages * s.page_size
         slots = torch.randperm(num_slots, generator=gen)[:n]
         if s.bad_slot is not None:
-            slots[-1] = s.bad_slot
+            slots[s.bad_position] = s.bad_slot
         if s.strided_indices:
             # The elements in between are valid slots too:
             # a kernel that ignores the stride writes wrongly, but safely.
@@ -291,9 +511,26 @@ class _Store:
             self.indices = table.to(s.index_dtype).to(device)[::2]
         else:
             self.indices = slots.to(s.index_dtype).to(device)
-        self.expected_k, self.expected_v = self.k_cache.clone(), self.v_cache.clone()
+        self.expected_base = self.base.clone()
+        self.expected_k, self.expected_v = self._layer(self.expected_base)
         if s.bad_slot is None:
             _store_module.store_cache_reference(self.expected_k, self.expected_v, self.indices, self.k, self.v)
+
+    def _layer(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer 1's K and V caches (not at the start of the buffer), viewed in ``base`` with the setup's layout."""
+        s = self.setup
+        pad = s.head_dim if s.layout == "padded" else 0
+        numel = 2 * LAYERS * s.num_pages * s.page_size * s.heads * (s.head_dim + pad)
+        inner = base[self.guard : self.guard + numel]
+        if s.layout == "page_first":
+            buffer = inner.view(2, s.num_pages, LAYERS, s.page_size, s.heads, s.head_dim).permute(0, 2, 1, 3, 4, 5)
+        elif s.layout == "transposed":
+            buffer = inner.view(2, LAYERS, s.num_pages, s.page_size, s.head_dim, s.heads).transpose(-1, -2)
+        elif s.layout == "padded":
+            buffer = inner.view(2, LAYERS, s.num_pages, s.page_size, s.heads, s.head_dim + pad)[..., : s.head_dim]
+        else:
+            buffer = inner.view(2, LAYERS, s.num_pages, s.page_size, s.heads, s.head_dim)
+        return buffer[0, 1], buffer[1, 1]
 
     @staticmethod
     def _sources(
@@ -309,11 +546,13 @@ class _Store:
             return randn(n, 3, h, d)[:, 1], randn(n, h, d)
         if source == "heads_major":
             return randn(h, n, d).transpose(0, 1), randn(h, n, d).transpose(0, 1)
+        if source == "strided_dim":
+            return randn(n, h, 2 * d)[..., ::2], randn(d, n, h).permute(1, 2, 0)
         return randn(n, h, d), randn(n, h, d)
 
     def run(self, fn: _F) -> None:
         s = self.setup
-        k_before, v_before = self.k.clone(), self.v.clone()
+        k_before, v_before, indices_before = self.k.clone(), self.v.clone(), self.indices.clone()
         if s.bad_slot is not None:
             _, error = raised(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
             _explain_a_kernel_compiled_for_no_gpu(error)
@@ -328,6 +567,7 @@ class _Store:
                 )
             self._check_guard()
             self._check_rows()
+            self._check_everything_else()
             return
         try:
             call(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
@@ -337,7 +577,21 @@ class _Store:
         self._check_guard()
         if not (torch.equal(self.k, k_before) and torch.equal(self.v, v_before)):
             raise Mismatch("your function changed k or v; it should only read them.")
+        if not torch.equal(self.indices, indices_before):
+            raise Mismatch("your function changed indices; it should only read them.")
         self._check_rows()
+        self._check_everything_else()
+
+    def _check_everything_else(self) -> None:
+        """Every element of the buffer that is not a target row (the other layer, the padding) is untouched."""
+        if torch.equal(self.base, self.expected_base):
+            return
+        where = int((self.base != self.expected_base).nonzero()[0, 0]) - self.guard
+        raise Mismatch(
+            f"your code wrote where no target slot lives: element {where} of the cache's buffer "
+            "(another layer, or the gap between one head's row and the next) changed. "
+            "Use every one of the cache's strides, and the cache's own start, never a shape-based offset."
+        )
 
     def _check_guard(self) -> None:
         before = int((self.base[: self.guard] != FILL).sum())
@@ -418,7 +672,15 @@ def _store_cases() -> list[Case]:
             setup.description, setup.num_tokens * setup.heads * setup.head_dim, lambda fn: _Store(setup).run(fn)
         )
 
-    return [make(setup) for setup in STORE_SETUPS]
+    return [make(setup) for setup in STORE_SETUPS] + [
+        random_case(
+            "16 random stores: any sizes, layouts, strides, dtypes and bad slots",
+            Draw(_draw_store, _run_store, _show_store, _shrink_store, lambda s: s.num_tokens * s.heads * s.head_dim),
+            seed=500,
+            max_size=40,
+            count=16,
+        )
+    ]
 
 
 _REFERENCE_STORES = (
