@@ -1,7 +1,8 @@
-"""Checks for the exercise notebooks: ``check(exercise_id, fn)`` grades a learner's function.
+"""Checks for the exercise notebooks: ``check(exercise_id, fn)`` grades a learner's function or class.
 
     from minikv.exercises import check
-    check("radix.evict", evict)      # shows what passed and the smallest failing case
+    check("storage.slot_mapping", slot_mapping)   # a function: what passed, and the smallest failing case
+    check("radix.evict", MyRadixCache)            # exercise 5 grades one method of your class
 
 Each exercise runs real cases against minikv's own implementation: fresh
 managers, pools and caches built for every case, several sizes, and the edge
