@@ -692,20 +692,18 @@ with explain_errors():
 # preemption when the pool runs dry. Its output must equal a recompute from scratch.
 
 # %%
-from minikv import Engine, KVCacheLayout, MHAKVCache
-from minikv.engine import recompute
+from minikv.engine import make_engine, recompute
 from minikv.tiny_model import TinyDecoder
 
 with explain_errors():
     model = TinyDecoder(vocab_size=32, max_positions=64, seed=0)
-    num_pages, page_size = 16, 2
-    kv = MHAKVCache(model.num_kv_heads, model.num_layers, model.head_dim, num_pages, model.dtype,
-                    KVCacheLayout.LayerFirst, model.device, page_size)  # fmt: skip
-    engine = Engine(model, MyPagedRadixCache(model.device, page_size), PagePool(num_pages, page_size), kv)
+    page_size = 2
+    engine = make_engine(model, num_pages=16, page_size=page_size, manager=MyPagedRadixCache(model.device, page_size))
     batch = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 9], [1, 2, 3, 4, 5, 6, 8, 8], [7, 7, 1]]
     outputs = engine.generate(batch, max_new_tokens=6)
     assert outputs == [recompute(model, prompt, 6) for prompt in batch]
     print("the engine's output equals a recompute from scratch:", outputs)
+    engine.check()  # every slot free, in your tree, or held by a request: your tree is read too
     print(tree_text(engine.cache))
 
 # %% [markdown]
