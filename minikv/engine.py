@@ -561,7 +561,7 @@ class Engine:
 def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
     """Every slot a cache manager's tree holds (none for a manager without a tree), in no particular order.
 
-    Any manager whose ``root_node`` has :class:`RadixTreeNode` children is read, so a learner's
+    Any manager whose ``root_node`` has :class:`~minikv.radix_manager.RadixTreeNode` children is read, so a learner's
     own radix cache (exercise 5) is checked by :meth:`Engine.check` like minikv's.
     """
     root = getattr(cache, "root_node", None)
