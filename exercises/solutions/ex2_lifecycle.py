@@ -134,7 +134,7 @@ check("lifecycle.slots_to_free", slots_to_free)
 # read, then hand them back to you as "new".
 # ```
 #
-# ```{admonition} Hint 2: why `input_ids[:-1]`
+# ```{admonition} Hint 2: why not the whole prompt
 # :class: dropdown
 # The forward pass computes the logits of the next token from the last prompt token. If
 # the whole prompt matched, there would be nothing to run the model on. With

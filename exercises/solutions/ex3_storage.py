@@ -219,7 +219,7 @@ check("storage.store_torch", store_torch)
 # for K, and the same with V's strides for V: K and V may have different strides.
 # ```
 #
-# ```{admonition} Hint 3: the launcher
+# ````{admonition} Hint 3: the launcher
 # :class: dropdown
 # Validate, return early when `n == 0`, make `indices` contiguous (the kernel reads
 # slot `t` at `loc_ptr + t`), then
@@ -229,7 +229,7 @@ check("storage.store_torch", store_torch)
 #     *k.stride(), *v.stride(), *k_cache.stride(), BLOCK_T=..., BLOCK_H=..., BLOCK_D=...)
 # ```
 # Passing a tensor passes its data pointer. `v_cache` has the same strides as `k_cache`.
-# ```
+# ````
 
 
 # %%
