@@ -321,7 +321,7 @@ class RadixCacheManager(BaseCacheManager):
         insert_len = len(ids) - len(ids) % self.page_size
         new_slots = slots[prefix_len:insert_len]
         if len(new_slots):
-            positions = self._check_new_slots(new_slots)
+            self._check_new_slots(new_slots)
         # Nothing was changed before this line, so a refused call changed nothing.
         node = self.commit(above + path, cut)
         if len(new_slots):
@@ -330,7 +330,7 @@ class RadixCacheManager(BaseCacheManager):
             leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._to_device(new_slots.copy()))
             leaf.set_parent(node, self.page_size)
             self._num_nodes += 1
-            self._slot_held[positions] = True
+            self._slot_held[new_slots] = True
             self.evictable_size += leaf.length
             # The parent's heap entry, if it had one, is now stale: it has a child.
             self._push_evictable(leaf)
@@ -599,17 +599,13 @@ class RadixCacheManager(BaseCacheManager):
             raise ArgumentError(f"handle: cached_len is {handle.cached_len}, but its path holds {offset} tokens")
         return path
 
-    def _check_new_slots(self, slots: np.ndarray) -> np.ndarray:
-        """Refuse slots that no new leaf could own: a slot listed twice, one the tree holds, or partial pages.
-
-        Returns the slots as positions in the record of held slots (``np.intp``, NumPy's index type).
-        """
+    def _check_new_slots(self, slots: np.ndarray) -> None:
+        """Refuse slots that no new leaf could own: a slot listed twice, one the tree holds, or partial pages."""
         ordered = np.sort(slots)
         if np.count_nonzero(ordered[1:] == ordered[:-1]):
             raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
         self._record_room_for(int(ordered[-1]))
-        positions = slots.astype(np.intp)
-        taken = self._slot_held[positions]
+        taken = self._slot_held[slots]
         if np.count_nonzero(taken):
             raise ArgumentError(f"indices: slot {int(slots[taken][0])} is already held by another node of the tree")
         ps = self.page_size
@@ -620,7 +616,6 @@ class RadixCacheManager(BaseCacheManager):
                 raise ArgumentError(
                     f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
                 )
-        return positions
 
     def _record_room_for(self, slot: int) -> None:
         """Grow the record of held slots so that it has a place for ``slot`` (doubling, so rarely)."""
@@ -632,7 +627,7 @@ class RadixCacheManager(BaseCacheManager):
     def _release(self, freed: torch.Tensor) -> None:
         """Record that the tree no longer holds these slots."""
         on_host = freed if freed.is_cpu else freed.cpu()  # one transfer from a GPU, none on the CPU
-        self._slot_held[on_host.numpy().astype(np.intp)] = False
+        self._slot_held[on_host.numpy()] = False
 
     def _to_device(self, slots: np.ndarray) -> torch.Tensor:
         value = torch.from_numpy(slots)
