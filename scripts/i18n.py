@@ -225,7 +225,8 @@ def missing(catalogs: dict[str, list[Entry]]) -> dict[str, list[str]]:
 # with "1. " (or "1) ") becomes an ordered list, "- " / "* " / "+ " a bullet list, "# " a heading
 # and "> " a quote; Sphinx then throws the translated node away without a warning (a heading
 # disappears from the page). In the middle of a message, a bullet, a heading, a quote or "1. "
-# interrupts the paragraph the same way. Escape the character: "1\. ", "\- ", "\# ".
+# interrupts the paragraph the same way. Escape the character: "1\. ", "\- ", "\# ". (The headings
+# "1. Why manage the KV cache?" ... are such messages: their English is a heading's inline text.)
 FIRST_LINE = re.compile(r"^ {0,3}(\d{1,9}[.)]|[-+*]|#{1,6}|>)(\s|$)")
 LATER_LINE = re.compile(r"^ {0,3}(1[.)]|[-+*]|#{1,6}|>)(\s|$)")
 
@@ -242,8 +243,9 @@ def marker_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
     found = []
     for page, entries in catalogs.items():
         for entry in entries:
-            line = block_marker(entry.msgstr) if entry.msgstr else None
-            if line is not None and block_marker(entry.msgid) is None:
+            # Sphinx keeps the English node when the translation equals the msgid (no re-parse).
+            line = block_marker(entry.msgstr) if entry.msgstr and entry.msgstr != entry.msgid else None
+            if line is not None:
                 found.append(f"{page}: {line[:60]!r} (translation of {entry.msgid[:60]!r}): escape it, e.g. '1\\. '")
     return found
 
