@@ -32,6 +32,7 @@ Rules the check enforces (each explained where it is defined below):
   heading or quote ("1. ", "- ", "# ", "> "). A heading "1. Why ..." translated as "1. 为什么 ..."
   is parsed as a list and silently dropped even under -W; write "1\\. 为什么 ..." (in the .po file,
   ``1\\\\. ``);
+* glue roles: a translation writes {glue:}`page.ipynb::key`, not {glue:}`key` (which finds no data);
 * glossary: each glossary entry's heading uses the Chinese term of its "**Notes:**" line, and no
   catalog uses a known wrong rendering of a key term (``KEY_TERMS``).
 """
@@ -250,6 +251,30 @@ def marker_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
     return found
 
 
+# -- rule 2b: glue roles name their notebook ----------------------------------------------------
+
+# Sphinx parses a translation as a document of its own, where myst-nb's {glue:} roles find no glue
+# data ("No key 'x' found in glue data for this document", a warning that fails the -W build). The
+# form with the notebook's path, {glue:}`05_radix.ipynb::x`, resolves after parsing and works: a
+# translation writes every glue role that way (the English keeps the short form).
+GLUE_ROLE = re.compile(r"\{glue(?::\w*)?\}`([^`]*)`")
+
+
+def glue_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
+    found = []
+    for page, entries in catalogs.items():
+        notebook = page.rsplit("/", 1)[-1] + ".ipynb"
+        for entry in entries:
+            if not entry.msgstr or entry.msgstr == entry.msgid:
+                continue
+            for key in GLUE_ROLE.findall(entry.msgstr):
+                if "::" not in key:
+                    found.append(
+                        f"{page}: write {{glue}}`{notebook}::{key}` for {{glue}}`{key}` (in {entry.msgid[:50]!r})"
+                    )
+    return found
+
+
 # -- rule 3: the glossary fixes the terms -------------------------------------------------------
 
 GLOSSARY = REPO / "book" / "glossary.md"
@@ -397,6 +422,7 @@ def problems(catalogs: dict[str, list[Entry]] | None = None) -> Iterator[tuple[s
         [f"{page}: {len(lines)} missing\n    " + "\n    ".join(lines) for page, lines in incomplete.items()],
     )
     yield "block markers", marker_problems(catalogs)
+    yield "glue roles", glue_problems(catalogs)
     yield "glossary", glossary_problems(catalogs)
     yield "key terms", key_term_problems(catalogs)
 

@@ -6,6 +6,7 @@
 * up to date: a fresh extraction from the English sources has exactly the catalogs' messages (an
   English change not carried into the catalogs fails, naming `scripts/i18n.py extract`);
 * no translation starts a Markdown block ("1. " must be "1\\. "), which would drop a heading;
+* glue roles in a translation name their notebook ({glue:}`05_radix.ipynb::key`);
 * the glossary fixes the terms: each entry's heading uses its "**Notes:**" term, and no catalog uses
   a known wrong rendering of a key term.
 
@@ -103,6 +104,17 @@ def test_a_numbered_heading_translated_unescaped_is_caught() -> None:
     assert i18n.marker_problems({"p": [escaped]}) == []
     same = i18n.Entry("book/guarantees", "-", "-", False)  # Sphinx keeps the English node
     assert i18n.marker_problems({"p": [same]}) == []
+
+
+def test_glue_roles_in_translations_name_their_notebook(catalogs) -> None:
+    found = i18n.glue_problems(catalogs)
+    assert found == [], "\n".join(found)
+    msgid = "from {glue:}`reached_pool` slots, {glue:text}`optimal_rate:.0%`"
+    short = i18n.Entry("book/05_radix", msgid, "从 {glue:}`reached_pool` 个槽位起", False)
+    long = i18n.Entry("book/05_radix", msgid, "从 {glue:}`05_radix.ipynb::reached_pool` 个槽位起", False)
+    (problem,) = i18n.glue_problems({"book/05_radix": [short]})
+    assert "05_radix.ipynb::reached_pool" in problem
+    assert i18n.glue_problems({"book/05_radix": [long]}) == []
 
 
 def test_glossary_entries_and_their_chinese_terms() -> None:
