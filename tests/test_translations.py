@@ -152,6 +152,17 @@ def test_no_catalog_uses_another_rendering_of_a_key_term(catalogs) -> None:
     assert len(i18n.key_term_problems({"p": [planted]})) == 1
 
 
+def test_chinese_search_fallback_indexes_short_pieces_of_chinese() -> None:
+    sys.path.insert(0, str(REPO / "_ext"))
+    import zh_search
+
+    grams = zh_search.chinese_ngrams("先做前缀匹配 then `evict`")
+    assert {"前缀", "前缀匹配", "做前缀匹"} <= set(grams) and "先做前缀匹配" not in grams
+    assert not any("e" in g for g in grams)
+    words = zh_search.SearchChineseWithoutJieba({}).split("前缀匹配 RadixCacheManager")
+    assert "RadixCacheManager" in words and "前缀匹配" in words
+
+
 def test_both_editions_are_built_with_warnings_as_errors() -> None:
     makefile = (REPO / "Makefile").read_text()
     for target in ("book: setup", "test: $(TEST_FIRST)"):
