@@ -192,7 +192,8 @@ def read_msgids(pot_dir: Path) -> dict[str, set[str]]:
 
 # book/api.md is a page of autodoc directives: most of api.po's messages are the package's
 # docstrings, which stay English (the package's code and docstrings are the package's). Required
-# there are only the messages whose text appears in book/api.md itself, as a whole heading or paragraph (title, headings, intro).
+# there are only the messages that are a whole heading or paragraph of book/api.md itself (its
+# title, headings and intro).
 DOCSTRING_PAGE = "book/api"
 
 
