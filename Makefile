@@ -1,5 +1,6 @@
 # The two commands of the README. Each sets itself up first (scripts/setup.sh).
-#   make book   build the course into _build/html (warnings are errors)
+#   make book   build the course into _build/html and its Chinese edition into _build/html/zh
+#               (warnings are errors; scripts/i18n.py has the translation commands)
 #   make test   unit, property, kernel, notebook (nbval), packaging, workflow and browser tests
 #   make lint   ruff (lint + format) and mypy, with the versions pinned in requirements.txt
 PY := .venv/bin/python
@@ -14,6 +15,7 @@ setup:
 
 book: setup
 	.venv/bin/jupyter-book build . -W -n --keep-going
+	$(PY) scripts/i18n.py build
 
 lint: setup
 	.venv/bin/ruff check .
@@ -23,6 +25,7 @@ lint: setup
 test: $(TEST_FIRST)
 	scripts/setup.sh --browser
 	.venv/bin/jupyter-book build . -W -n --keep-going -q
+	$(PY) scripts/i18n.py build
 	$(PY) -m pytest $(PYTEST_FLAGS) --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg tests book exercises
 
 clean:

@@ -1,13 +1,17 @@
-"""The built book, as a reader sees it: every page in headless Chromium.
+"""The built book, as a reader sees it: every page in headless Chromium, in both editions.
 
-`make test` builds the book before running pytest; run alone without `_build/html`,
-these tests skip and say how to build it. Debian's Chromium is driven through Playwright for
+`make test` builds the book (English in `_build/html`, Chinese in `_build/html/zh`, see
+scripts/i18n.py) before running pytest; run alone without them, these tests skip and say how to
+build them. The Chinese edition must have every heading of the English one (a translated heading
+that Markdown reads as a list item would silently disappear), and each page's language switch must
+lead to the same page in the other edition. Debian's Chromium is driven through Playwright for
 Python with the system browser (no browser download).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +21,8 @@ from headless import chromium, needs_chromium, serve
 
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
+ZH = "zh"  # the Chinese edition's folder inside the English one
+EDITIONS = ["en", "zh"]
 # Paths of the machine that executed the notebooks (the book's own examples, such as
 # "/home/user/doc1.txt" in chapter 5, are fine).
 MACHINE_PATHS = re.compile(r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python)")
@@ -37,13 +43,27 @@ def notebook_pages() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[str]:
+def server() -> Iterator[str]:
     if not (HTML / "index.html").exists():
         pytest.skip(
             "the book is not built: run `make book` (or `.venv/bin/jupyter-book build .`) first; `make test` builds it"
         )
     with serve(HTML) as address:
         yield address
+
+
+def edition_root(server: str, edition: str) -> str:
+    if edition == "en":
+        return server
+    if not (HTML / ZH / "index.html").exists():
+        pytest.skip("the Chinese edition is not built: run `make book` (or `.venv/bin/python scripts/i18n.py build`)")
+    return f"{server}/{ZH}"
+
+
+@pytest.fixture(params=EDITIONS)
+def site(request: pytest.FixtureRequest, server: str) -> str:
+    """The address of one edition: the English one at the root, the Chinese one under zh/."""
+    return edition_root(server, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +142,77 @@ def test_book_has_answers_and_players(page, site: str) -> None:
         players += page.locator("main [data-minikv-player]").count()
     assert answers >= 20, f"only {answers} dropdown answers in the whole book (20 challenges)"
     assert players >= 1, "no tree player anywhere in the book"
+
+
+def plain(text: str) -> str:
+    return " ".join(text.replace("`", "").replace("*", "").split())
+
+
+def translated_headings(name: str) -> set[str]:
+    """The English texts of the page's messages that have a translation of their own."""
+    catalog = REPO / "locale" / "zh_CN" / "LC_MESSAGES" / f"{name}.po"
+    if not catalog.exists():
+        return set()
+    sys.path.insert(0, str(REPO / "scripts"))
+    import i18n
+
+    return {
+        plain(e.msgid) for e in i18n.read_catalog(catalog, name) if e.msgstr and e.msgstr != e.msgid and not e.fuzzy
+    }
+
+
+HEADINGS = """() => [...document.querySelectorAll('main h1, main h2, main h3')]
+    .map(h => ({level: h.tagName, text: h.innerText.replace(/[#\\s]+$/, '').trim()}))"""
+
+
+@pytest.mark.parametrize("name", toc_pages())
+def test_chinese_page_has_every_heading_and_the_switch_leads_there_and_back(page, server: str, name: str) -> None:
+    """Same h1/h2/h3 sequence in both editions (a translation Markdown re-reads as a list drops its
+    heading), and the language switch goes to the same page in the other edition and back."""
+    zh = edition_root(server, "zh")
+    page.goto(f"{server}/{name}.html", wait_until="load")
+    english = page.evaluate(HEADINGS)
+    switch = page.locator("a[data-minikv-language-switch]")
+    assert switch.count() == 1 and switch.inner_text().strip() == "中文", f"{name}: no switch to 中文"
+    switch.click()
+    page.wait_for_load_state("load")
+    assert page.url == f"{zh}/{name}.html", page.url
+    assert page.evaluate("document.documentElement.lang") == "zh-CN", f"zh/{name}: not marked as Chinese"
+    chinese = page.evaluate(HEADINGS)
+    assert [h["level"] for h in chinese] == [h["level"] for h in english], (
+        f"zh/{name}: headings differ from the English page (a heading dropped or added?)\n"
+        f"en: {[h['level'] + ' ' + h['text'] for h in english]}\nzh: {[h['level'] + ' ' + h['text'] for h in chinese]}"
+    )
+    empty = [h["level"] for h in chinese if not h["text"]]
+    assert empty == [], f"zh/{name}: empty headings {empty}"
+    # A heading whose translation Sphinx could not use (re-read as a list) stays English.
+    translated = translated_headings(name)
+    kept = [en["text"] for en, zh in zip(english, chinese, strict=True) if plain(en["text"]) in translated and zh == en]
+    assert kept == [], f"zh/{name}: translated headings shown in English {kept} (see scripts/i18n.py check)"
+    back = page.locator("a[data-minikv-language-switch]")
+    assert back.count() == 1 and back.inner_text().strip() == "English", f"zh/{name}: no switch to English"
+    back.click()
+    page.wait_for_load_state("load")
+    assert page.url == f"{server}/{name}.html", page.url
+
+
+def search(page, root: str, query: str) -> list[str]:
+    page.goto(f"{root}/search.html?q={query}", wait_until="load")
+    # Sphinx's searchtools.js writes its summary ("found N pages") into p.search-summary when done.
+    page.wait_for_function("() => document.querySelector('#search-results p.search-summary')?.innerText.trim()")
+    return page.eval_on_selector_all("#search-results li a", "links => links.map(a => a.getAttribute('href'))")
+
+
+def test_chinese_search_finds_identifiers_and_chinese_terms(page, server: str) -> None:
+    """The zh edition's search finds an identifier and, once translated, a Chinese term (_ext/zh_search.py)."""
+    zh = edition_root(server, "zh")
+    assert any("api" in href for href in search(page, zh, "RadixCacheManager"))
+    sys.path.insert(0, str(REPO / "scripts"))
+    import i18n
+
+    glossary = REPO / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / "glossary.po"
+    heading = {e.msgid: e.msgstr for e in i18n.read_catalog(glossary, "book/glossary")}.get("prefix matching", "")
+    if "前缀匹配" not in heading:
+        pytest.skip("the glossary is not translated yet: no Chinese term to search for")
+    found = search(page, zh, "前缀匹配")
+    assert any("glossary" in href for href in found), found

@@ -1,0 +1,176 @@
+"""The Chinese edition's catalogs (locale/zh_CN/LC_MESSAGES/**.po), checked with scripts/i18n.py.
+
+* complete: no required message untranslated or fuzzy, listed per file. In book/api.po only the
+  messages whose text appears in book/api.md itself are required (title, headings, intro); the
+  others come from the package's docstrings, which stay English;
+* up to date: a fresh extraction from the English sources has exactly the catalogs' messages (an
+  English change not carried into the catalogs fails, naming `scripts/i18n.py extract`);
+* no translation starts a Markdown block ("1. " must be "1\\. "), which would drop a heading;
+* glue roles in a translation name their notebook ({glue:}`05_radix.ipynb::key`);
+* the glossary fixes the terms: each entry's heading uses its "**Notes:**" term, and no catalog uses
+  a known wrong rendering of a key term.
+
+The zh build itself (warnings as errors) runs in `make test` before pytest; the browser tests
+(tests/test_book_browser.py) read it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import i18n  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def catalogs() -> dict[str, list[i18n.Entry]]:
+    return i18n.read_catalogs()
+
+
+def test_there_is_one_catalog_per_page(catalogs) -> None:
+    import yaml
+
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    pages = {toc["root"]} | {c["file"] for part in toc["parts"] for c in part["chapters"]}
+    assert set(catalogs) == pages, "run `.venv/bin/python scripts/i18n.py extract`"
+    assert sum(map(len, catalogs.values())) > 1000
+
+
+def test_catalogs_are_complete(catalogs) -> None:
+    missing = i18n.missing(catalogs)
+    count = sum(map(len, missing.values()))
+    report = "\n".join(
+        f"{page}.po: {len(lines)} missing\n  " + "\n  ".join(lines[:40]) for page, lines in missing.items()
+    )
+    assert missing == {}, f"{count} messages untranslated or fuzzy (locale/zh_CN/LC_MESSAGES/):\n{report}"
+
+
+def test_catalogs_match_the_english_sources(tmp_path: Path) -> None:
+    i18n.extract_pot(tmp_path)
+    changes = i18n.stale(i18n.CATALOGS, tmp_path)
+    report = "\n".join(f"{page}:\n  " + "\n  ".join(lines[:20]) for page, lines in changes.items())
+    assert changes == {}, (
+        "the catalogs are out of date with the English sources: run `.venv/bin/python scripts/i18n.py extract`, "
+        f"then translate the new and fuzzy entries\n{report}"
+    )
+
+
+def test_api_catalog_requires_only_the_pages_own_prose(catalogs) -> None:
+    entries = catalogs[i18n.DOCSTRING_PAGE]
+    needed = {e.msgid for e in entries if i18n.required(e)}
+    assert {"API reference", "Storage layer", "Management layer"} <= needed
+    assert len(needed) < 30 < len(entries), (len(needed), len(entries))
+    assert all(i18n.required(e) for page, es in catalogs.items() if page != i18n.DOCSTRING_PAGE for e in es)
+
+
+@pytest.mark.parametrize(
+    ("text", "bad"),
+    [
+        ("1. 为什么要管理 KV 缓存？", True),
+        ("12) 第十二", True),
+        ("- 一项", True),
+        ("* 一项", True),
+        ("# 标题", True),
+        ("> 引用", True),
+        ("第一行\n- 第二行是列表", True),
+        ("第一行\n1. 第二行是列表", True),
+        ("1\\. 为什么要管理 KV 缓存？", False),
+        ("5.3 小节标题", False),
+        ("2026. 不是", True),
+        ("**粗体** 开头", False),
+        ("*斜体* 开头", False),
+        ("第一行\n2. 不打断段落", False),
+        ("`code` 开头", False),
+    ],
+)
+def test_block_marker_rule(text: str, bad: bool) -> None:
+    assert (i18n.block_marker(text) is not None) == bad
+
+
+def test_no_translation_starts_a_markdown_block(catalogs) -> None:
+    found = i18n.marker_problems(catalogs)
+    assert found == [], "a translation Markdown reads as a list, heading or quote:\n" + "\n".join(found)
+
+
+def test_a_numbered_heading_translated_unescaped_is_caught() -> None:
+    entry = i18n.Entry("book/01_why_manage", "1. Why manage the KV cache?", "1. 为什么要管理 KV 缓存？", False)
+    escaped = i18n.Entry("book/01_why_manage", "1. Why manage the KV cache?", "1\\. 为什么要管理 KV 缓存？", False)
+    assert len(i18n.marker_problems({"p": [entry]})) == 1
+    assert i18n.marker_problems({"p": [escaped]}) == []
+    same = i18n.Entry("book/guarantees", "-", "-", False)  # Sphinx keeps the English node
+    assert i18n.marker_problems({"p": [same]}) == []
+
+
+def test_glue_roles_in_translations_name_their_notebook(catalogs) -> None:
+    found = i18n.glue_problems(catalogs)
+    assert found == [], "\n".join(found)
+    msgid = "from {glue:}`reached_pool` slots, {glue:text}`optimal_rate:.0%`"
+    short = i18n.Entry("book/05_radix", msgid, "从 {glue:}`reached_pool` 个槽位起", False)
+    long = i18n.Entry("book/05_radix", msgid, "从 {glue:}`05_radix.ipynb::reached_pool` 个槽位起", False)
+    (problem,) = i18n.glue_problems({"book/05_radix": [short]})
+    assert "05_radix.ipynb::reached_pool" in problem
+    assert i18n.glue_problems({"book/05_radix": [long]}) == []
+
+
+def test_glossary_entries_and_their_chinese_terms() -> None:
+    entries = {item.terms[0]: item for item in i18n.glossary_entries()}
+    assert len(entries) >= 30
+    assert entries["eviction"].chinese == ("驱逐",)
+    assert entries["evictable"].terms == ("evictable", "protected")
+    assert entries["evictable"].chinese == ("可驱逐", "受保护")
+    assert entries["cache manager"].chinese[0] == "管理层"
+    assert entries["radix tree"].chinese == ("基数树",)
+    assert entries["Feynman challenge"].chinese == ("费曼挑战",)
+    assert entries["preemption"].chinese == ("抢占",)  # "no term (usually 抢占)"
+    assert entries["KV cache"].chinese == ()  # "KV Cache (kept in English)"
+    assert entries["bytes per token"].chinese == ()  # "no term (the skill card: ...)"
+
+
+def test_glossary_headings_use_the_glossarys_terms(catalogs) -> None:
+    found = i18n.glossary_problems(catalogs)
+    assert found == [], "\n".join(found)
+
+
+def test_glossary_rule_catches_a_wrong_heading() -> None:
+    entries = [
+        i18n.Entry("book/glossary", "eviction", "淘汰（eviction）", False),
+        i18n.Entry("book/glossary", "radix tree", "基数树（radix tree）", False),
+    ]
+    found = i18n.glossary_problems({"book/glossary": entries})
+    assert len(found) == 1 and "'驱逐'" in found[0], found
+
+
+def test_no_catalog_uses_another_rendering_of_a_key_term(catalogs) -> None:
+    found = i18n.key_term_problems(catalogs)
+    assert found == [], "\n".join(found)
+    planted = i18n.Entry("book/05_radix", "Evict the leaf.", "淘汰这个叶子节点。", False)
+    assert len(i18n.key_term_problems({"p": [planted]})) == 1
+
+
+def test_chinese_search_fallback_indexes_short_pieces_of_chinese() -> None:
+    sys.path.insert(0, str(REPO / "_ext"))
+    import zh_search
+
+    grams = zh_search.chinese_ngrams("先做前缀匹配 then `evict`")
+    assert {"前缀", "前缀匹配", "做前缀匹"} <= set(grams) and "先做前缀匹配" not in grams
+    assert not any("e" in g for g in grams)
+    words = zh_search.SearchChineseWithoutJieba({}).split("前缀匹配 RadixCacheManager")
+    assert "RadixCacheManager" in words and "前缀匹配" in words
+
+
+def test_both_editions_are_built_with_warnings_as_errors() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    for target in ("book: setup", "test: $(TEST_FIRST)"):
+        recipe = makefile.split(target, 1)[1].split("\n\n", 1)[0]
+        assert "jupyter-book build . -W -n --keep-going" in recipe, target
+        assert "scripts/i18n.py build" in recipe, f"{target}: the Chinese edition is not built"
+    source = (REPO / "scripts" / "i18n.py").read_text()
+    assert "strict=True" in source.split("def build(", 1)[1].split("\ndef ", 1)[0]
+    overrides = i18n.zh_overrides()
+    assert overrides["language"] == "zh_CN" and overrides["gettext_compact"] is False
+    assert i18n.ZH_HTML == REPO / "_build" / "html" / "zh"
