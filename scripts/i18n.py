@@ -372,7 +372,7 @@ def glossary_problems(catalogs: dict[str, list[Entry]], source: Path = GLOSSARY)
     return found
 
 
-# Key terms (the glossary's and /work/coord/ZH.md's) and renderings that differ from them. A
+# Key terms (the glossary's and translators' rules) and renderings that differ from them. A
 # catalog that writes one of these variants (more often than its English does) fails: precise
 # where a check that the right term appears would fail on a good paraphrase.
 KEY_TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -380,7 +380,8 @@ KEY_TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lock": ("锁定", ("加锁", "上锁", "锁住")),
     "handle": ("句柄", ("把手", "处理器对象")),
     "slot": ("槽位", ("插槽", "槽口")),
-    "radix tree": ("基数树", ("基树", "radix 树", "Radix 树", "字典树", "基数字典树")),
+    # (字典树 is not among them: it is the trie, which chapter 5 sets beside the radix tree)
+    "radix tree": ("基数树", ("基树", "radix 树", "Radix 树", "基数字典树")),
     "prefix matching": ("前缀匹配", ("前缀命中匹配", "前缀比对")),
     "reference count": ("引用计数", ("引用次数", "参考计数")),
     "page pool": ("页池", ("页面池", "分页池")),
