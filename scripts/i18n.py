@@ -116,9 +116,33 @@ def zh_overrides() -> dict[str, object]:
     return overrides
 
 
+def translated_toc(target: Path) -> Path:
+    """``_toc.yml`` with its part captions in Chinese, written to ``target``.
+
+    Sphinx translates a toctree's caption only in the page that holds the toctree; the sidebar
+    of every page is drawn from sphinx-external-toc's captions, which no catalog reaches. So
+    the zh build reads another toc, whose captions come from the root page's catalog.
+    """
+    import yaml
+    from babel.messages.pofile import read_po
+
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
+    with (CATALOGS / f"{toc['root']}.po").open("rb") as handle:
+        catalog = read_po(handle)
+    for part in toc.get("parts", []):
+        message = catalog.get(part["caption"])
+        if message is not None and message.string and not message.fuzzy:
+            part["caption"] = message.string
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(toc, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return target
+
+
 def build(out: Path = ZH_HTML) -> int:
     """The Chinese edition, warnings as errors (-W -n --keep-going), from the stored notebook outputs."""
-    code = sphinx_run("html", out, zh_overrides(), ZH_DOCTREES, strict=True)
+    toc = translated_toc(ZH_DOCTREES.parent / ".toc-zh.yml")
+    overrides = {**zh_overrides(), "external_toc_path": toc.as_posix()}
+    code = sphinx_run("html", out, overrides, ZH_DOCTREES, strict=True)
     if code == 0:
         print(f"i18n: the Chinese edition is in {out.relative_to(REPO) if out.is_relative_to(REPO) else out}/")
     return code

@@ -174,3 +174,18 @@ def test_both_editions_are_built_with_warnings_as_errors() -> None:
     overrides = i18n.zh_overrides()
     assert overrides["language"] == "zh_CN" and overrides["gettext_compact"] is False
     assert i18n.ZH_HTML == REPO / "_build" / "html" / "zh"
+
+
+def test_the_zh_toc_has_chinese_part_captions(tmp_path: Path) -> None:
+    """The sidebar's part captions come from the translated toc the zh build reads."""
+    import yaml
+
+    toc = yaml.safe_load(i18n.translated_toc(tmp_path / "toc.yml").read_text(encoding="utf-8"))
+    english = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
+    captions = [part["caption"] for part in toc["parts"]]
+    assert captions == ["课程", "练习", "参考解答", "参考"]
+    assert [part["chapters"] for part in toc["parts"]] == [part["chapters"] for part in english["parts"]]
+    built = REPO / "_build" / "html" / "zh" / "book" / "01_why_manage.html"
+    if built.exists():  # after `make book`: the sidebar shows them
+        html = built.read_text(encoding="utf-8")
+        assert all(f'caption-text">{caption}<' in html for caption in captions)
