@@ -63,6 +63,10 @@ PAGES_URL_KEY = "html_baseurl"
 # texts jupyter-book's configuration gives in English (site title, search box, canonical address).
 ZH_TITLE = "minikv：KV 缓存，跑起来"
 ZH_SEARCH_TEXT = "搜索本书……"
+# myst-nb's buttons on a collapsed cell ("Show code cell output"); {type} would be the English
+# "source" or "outputs", so the Chinese names what is hidden without it.
+ZH_CODE_PROMPT_SHOW = "显示单元格内容"
+ZH_CODE_PROMPT_HIDE = "隐藏单元格内容"
 
 # -- building with jupyter-book's configuration ------------------------------------------------
 
@@ -109,6 +113,8 @@ def zh_overrides() -> dict[str, object]:
         "gettext_compact": False,
         "html_title": ZH_TITLE,
         "html_theme_options": {"search_bar_text": ZH_SEARCH_TEXT},
+        "nb_code_prompt_show": ZH_CODE_PROMPT_SHOW,
+        "nb_code_prompt_hide": ZH_CODE_PROMPT_HIDE,
     }
     base = english_baseurl()
     if base:

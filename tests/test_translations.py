@@ -189,3 +189,12 @@ def test_the_zh_toc_has_chinese_part_captions(tmp_path: Path) -> None:
     if built.exists():  # after `make book`: the sidebar shows them
         html = built.read_text(encoding="utf-8")
         assert all(f'caption-text">{caption}<' in html for caption in captions)
+
+
+def test_the_zh_edition_names_collapsed_cells_in_chinese() -> None:
+    overrides = i18n.zh_overrides()
+    assert overrides["nb_code_prompt_show"] == "显示单元格内容"
+    built = REPO / "_build" / "html" / "zh" / "book" / "05_radix.html"
+    if built.exists():  # after `make book`
+        html = built.read_text(encoding="utf-8")
+        assert "显示单元格内容" in html and "Show code cell" not in html
