@@ -235,6 +235,15 @@ def expect_int(what: str, got: Any) -> int:
     return int(got)
 
 
+def expect_slot_tensor(message: str, got: Any) -> None:
+    """``got`` must be a 1-D int32 tensor, as every slot list the managers return is; else ``message``."""
+    import torch
+
+    if not isinstance(got, torch.Tensor) or got.dtype != torch.int32 or got.dim() != 1:
+        shown = f"dtype {got.dtype}, shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)[:120]
+        raise Mismatch(message, "a 1-D int32 tensor", shown)
+
+
 # -- randomised cases, shrunk to the smallest failing input --------------------------
 
 T = TypeVar("T")
@@ -468,7 +477,7 @@ def call_watching(fn: Callable[..., Any], names: tuple[str, ...], *args: Any) ->
 
 def _where(tb: TracebackType | None) -> str:
     """The learner's line that was running when the error happened, without its file path."""
-    frames = [frame for frame in traceback.extract_tb(tb) if _is_learner_file(frame.filename)]
+    frames = [frame for frame in traceback.extract_tb(tb) if is_learner_file(frame.filename)]
     if not frames:
         return ""
     frame = frames[-1]
@@ -486,7 +495,8 @@ _LIBRARY_DIRS = tuple(
 )
 
 
-def _is_learner_file(filename: str) -> bool:
+def is_learner_file(filename: str) -> bool:
+    """Whether code in ``filename`` is the learner's: neither minikv's nor a library's (a notebook cell is)."""
     try:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
@@ -647,7 +657,7 @@ def _raising_function(tb: TracebackType | None) -> str:
     name = ""
     while tb is not None:
         code = tb.tb_frame.f_code
-        if _is_learner_file(code.co_filename):
+        if is_learner_file(code.co_filename):
             name = getattr(code, "co_qualname", code.co_name)
         tb = tb.tb_next
     return name

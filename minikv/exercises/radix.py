@@ -27,11 +27,9 @@ import contextlib
 import inspect
 import random
 import sys
-import sysconfig
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
@@ -42,7 +40,17 @@ from .. import radix_manager as _radix_module
 from ..errors import EvictionError, IntegrityError, LockError
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
 from . import _trees
-from ._core import Case, LearnerRaised, Mismatch, call, exercise, expect_int, outcome
+from ._core import (
+    Case,
+    LearnerRaised,
+    Mismatch,
+    call,
+    exercise,
+    expect_int,
+    expect_slot_tensor,
+    is_learner_file,
+    outcome,
+)
 from ._trees import Recipe, insert, lock, match, random_recipe, recipe
 from .radix_history import describe_history, random_history, run_history, shrink
 
@@ -632,14 +640,9 @@ def _check_match(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tupl
         )
     if handle.cached_len != ref_handle.cached_len:
         raise Mismatch(f"{what}: the handle's cached_len is wrong.", str(ref_handle.cached_len), str(handle.cached_len))
-    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32 or indices.dim() != 1:
-        raise Mismatch(
-            f"{what} must return the matched slots as a 1-D int32 tensor (empty when nothing matched).",
-            "a 1-D int32 tensor",
-            repr(indices)[:120]
-            if not isinstance(indices, torch.Tensor)
-            else f"dtype {indices.dtype}, shape {tuple(indices.shape)}",
-        )
+    expect_slot_tensor(
+        f"{what} must return the matched slots as a 1-D int32 tensor (empty when nothing matched).", indices
+    )
     if indices.tolist() != ref_indices.tolist():
         raise Mismatch(
             f"{what} returned the wrong slots: the values of the matched path, root first.",
@@ -955,14 +958,7 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             before, clock = _trees.snapshot(cache), cache.clock
             expected = ref.evict(size)
             got = subject.call(cache.evict, size)
-            if not isinstance(got, torch.Tensor) or got.dtype != torch.int32 or got.dim() != 1:
-                raise Mismatch(
-                    f"{what} must return a 1-D int32 tensor of the freed slots.",
-                    "a 1-D int32 tensor",
-                    repr(got)[:120]
-                    if not isinstance(got, torch.Tensor)
-                    else f"dtype {got.dtype}, shape {tuple(got.shape)}",
-                )
+            expect_slot_tensor(f"{what} must return a 1-D int32 tensor of the freed slots.", got)
             problem = _trees.shape_problem(cache)
             if problem is not None:
                 raise Mismatch(f"after {what}: {problem}")
@@ -1425,7 +1421,7 @@ def explain_errors() -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if _is_learner_file(f.filename)]
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if is_learner_file(f.filename)]
         last = frames[-1] if frames else None
         if type(error) is NotImplementedError and last is not None:
             task = f" (Task {TASKS[last.name]})" if last.name in TASKS else ""
@@ -1433,19 +1429,3 @@ def explain_errors() -> Iterator[None]:
         else:
             where = f" (in {last.name}, at `{(last.line or '').strip()}`)" if last is not None else ""
             print(f"✗ this cell stopped: {type(error).__name__}: {error}{where}.")
-
-
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
-_LIBRARIES = tuple(
-    str(Path(p).resolve())
-    for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (p := sysconfig.get_paths().get(key))
-)
-
-
-def _is_learner_file(filename: str) -> bool:
-    try:
-        resolved = str(Path(filename).resolve())
-    except (OSError, ValueError):
-        return True
-    return not resolved.startswith((_PACKAGE, *_LIBRARIES))
