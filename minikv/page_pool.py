@@ -77,9 +77,9 @@ class PagePool:
         When free pages run short and ``evict_from`` is given, the shortfall is
         evicted from that manager first. If even that cannot cover it, raises
         :class:`~minikv.errors.OutOfSlotsError` and changes nothing. Before
-        evicting, a manager that lists its tree (``nodes()``) is checked to hold only
-        pages this pool handed out: evicting anything else would fail after the
-        manager had already dropped it.
+        evicting, a manager that keeps a record of the slots its tree holds
+        (``held_slot_mask()``) is checked to hold only pages this pool handed out:
+        evicting anything else would fail after the manager had already dropped it.
         """
         num_tokens = as_count(num_tokens, "num_tokens")
         if evict_from is not None:
@@ -155,22 +155,28 @@ class PagePool:
         return pages
 
     def _check_holds_only_used_pages(self, manager: BaseCacheManager) -> None:
-        """Refuse to evict from a manager whose tree holds a slot outside this pool, or a free one."""
-        nodes = getattr(manager, "nodes", None)
-        if nodes is None:
-            return  # a manager without a tree: nothing to look at
-        values = [node.value for node in nodes()]
-        if not values:
+        """Refuse to evict from a manager whose tree holds a slot outside this pool, or a free one.
+
+        The radix manager keeps a record of the slots its tree holds (``held_slot_mask``), so this
+        is one comparison with the pool's free pages, whatever the size of the tree. A manager
+        that keeps no such record is not checked.
+        """
+        held_slot_mask = getattr(manager, "held_slot_mask", None)
+        if held_slot_mask is None:
             return
-        held = torch.cat(values).cpu().numpy().astype(np.int64)
-        outside = (held < 0) | (held >= self.num_slots)
-        if outside.any():
+        held = held_slot_mask()
+        outside = np.flatnonzero(held[self.num_slots :])
+        if outside.size:
             raise ArgumentError(
-                f"evict_from: the manager holds slot {int(held[outside][0])}, outside this pool's [0, {self.num_slots})"
+                f"evict_from: the manager holds slot {self.num_slots + int(outside[0])}, "
+                f"outside this pool's [0, {self.num_slots})"
             )
-        free = self._page_is_free[held // self.page_size]
-        if free.any():
-            raise ArgumentError(f"evict_from: the manager holds slot {int(held[free][0])}, which is free in this pool")
+        # The tree holds whole pages, so the first slot of a page says whether the page is held.
+        held_pages = held[: self.num_slots : self.page_size]
+        held_and_free = held_pages & self._page_is_free[: len(held_pages)]
+        if held_and_free.any():
+            slot = int(held_and_free.argmax()) * self.page_size
+            raise ArgumentError(f"evict_from: the manager holds slot {slot}, which is free in this pool")
 
     def _as_slot_array(self, slots: torch.Tensor | Sequence[int]) -> np.ndarray:
         """The slots as a fresh 1-D int64 array, each checked to lie in ``[0, num_slots)``."""

@@ -5,7 +5,7 @@ the node (``RadixTreeNode``, ``get_match_len``, ``split_at``), the handle
 (``RadixCacheHandle``), then the manager: its clock (``clock``, ``tick``), the walk
 (``walk``, made of ``find`` and ``commit``), ``match_prefix``, ``insert_prefix``,
 ``lock_handle``, ``evict``, ``reset``, ``size_info``; the readers the chapter uses
-along the way (``nodes``, ``path_of``, ``evictable_leaves``); ``check_integrity``.
+along the way (``nodes``, ``path_of``, ``evictable_leaves``) and ``held_slot_mask``; ``check_integrity``.
 
 Where this differs from the code the notes study (mini-sglang's old
 ``radix_manager.py``), it is on purpose:
@@ -438,6 +438,17 @@ class RadixCacheManager(BaseCacheManager):
         """The leaves ``evict`` may take, least recently used first (the order it takes them in)."""
         live = {uid: (t, uid, node) for t, uid, node in self._heap if self._is_live(t, node)}
         return [node for _, _, node in sorted(live.values(), key=lambda entry: entry[:2])]
+
+    def held_slot_mask(self) -> np.ndarray:
+        """The record of held slots, read-only: ``mask[s]`` is True when a node of this tree holds slot ``s``.
+
+        Slots past its end are not held. The manager keeps it to refuse a slot that the tree
+        holds already; a page pool reads it to check, in one step whatever the size of the
+        tree, that the tree holds only slots the pool handed out.
+        """
+        view: np.ndarray = self._slot_held.view()
+        view.flags.writeable = False
+        return view
 
     # -- checking -------------------------------------------------------------
 

@@ -245,6 +245,31 @@ def test_allocate_refuses_to_evict_from_a_manager_holding_slots_this_pool_did_no
     assert (pool_snapshot(pool), manager_snapshot(manager)) == before
 
 
+def test_a_paged_pool_refuses_a_manager_holding_a_page_that_is_free_in_it() -> None:
+    pool, manager = PagePool(num_pages=4, page_size=2), RadixCacheManager(page_size=2)
+    manager.insert_prefix([1, 2], pool.allocate(2))
+    pool.allocate(4)  # pages 1 and 2 held by running requests; page 3 (slots 6, 7) free
+    manager.insert_prefix([3, 4], [6, 7])
+    before = (pool_snapshot(pool), manager_snapshot(manager))
+    with pytest.raises(ArgumentError, match="evict_from: the manager holds slot 6, which is free in this pool"):
+        pool.allocate(4, evict_from=manager)
+    assert (pool_snapshot(pool), manager_snapshot(manager)) == before
+
+
+def test_the_check_before_evicting_reads_the_managers_record_not_its_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One comparison whatever the size of the tree: allocate never lists the nodes."""
+    pool, manager = PagePool(num_pages=64), RadixCacheManager()
+    for first in range(0, 64, 4):
+        manager.insert_prefix([first, first + 1, first + 2, first + 3], pool.allocate(4))
+
+    def no_walk() -> None:
+        raise AssertionError("allocate walked the tree")
+
+    monkeypatch.setattr(manager, "nodes", no_walk)
+    assert len(pool.allocate(8, evict_from=manager)) == 8
+    assert pool.num_evicted_slots == 8
+
+
 def test_a_paged_pool_checks_the_managers_pages_before_evicting() -> None:
     pool, manager = PagePool(num_pages=4, page_size=2), RadixCacheManager(page_size=2)
     manager.insert_prefix([1, 2, 3, 4], pool.allocate(4))

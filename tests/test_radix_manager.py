@@ -583,7 +583,7 @@ def test_a_cuda_manager_keeps_values_on_the_gpu() -> None:
     manager.check_integrity()
 
 
-# -- the public reading interface: clock, walk, nodes, path_of, evictable_leaves ---
+# -- the public reading interface: clock, walk, nodes, path_of, evictable_leaves, held_slot_mask ---
 
 
 def test_the_clock_is_read_only_and_tick_advances_it(hello_tree: RadixCacheManager) -> None:
@@ -631,6 +631,23 @@ def test_evictable_leaves_come_in_the_order_evict_takes_them() -> None:
         taken.append(tuple(leaves[0].key.tolist()))
     assert order == [(2,), (3,), (6,), (7,), (4,)]  # by last use; [4] was matched last
     assert taken == [(2,), (3,), (1,), (6,), (7,), (5,), (4,)]  # parents join once they are leaves
+
+
+def test_held_slot_mask_says_which_slots_the_tree_holds_and_is_read_only() -> None:
+    manager = RadixCacheManager()
+    assert not manager.held_slot_mask().any()
+    manager.insert_prefix([1, 2, 3], [4, 9, 2])
+    manager.insert_prefix([1, 2, 7], [4, 9, 5])  # [4, 9] are the tree's already: only 5 is new
+    assert np.flatnonzero(manager.held_slot_mask()).tolist() == [2, 4, 5, 9]
+    mask = manager.held_slot_mask()
+    with pytest.raises(ValueError):
+        mask[0] = True
+    freed = manager.evict(1)
+    held = set(np.flatnonzero(manager.held_slot_mask()).tolist())
+    assert held == {2, 4, 5, 9} - set(freed.tolist())
+    manager.reset()
+    assert not manager.held_slot_mask().any()
+    manager.check_integrity()
 
 
 # -- insert_prefix(..., handle=): continue from the request's own locked match ---
