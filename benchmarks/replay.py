@@ -17,7 +17,9 @@ Variants, side by side:
 On the large pool the script asserts that the radix cache's hits equal the
 offline optimum (:func:`minikv.workloads.offline_optimal_hits`) request by
 request. A second, instrumented pass splits the time between the manager's
-methods, the page pool and the lifecycle glue.
+methods, the page pool and the lifecycle glue. Both go in rounds: each round
+replays the stream once through every variant, in turn, so that a burst of
+load on a shared machine falls on all the variants alike.
 
 Run: ``.venv/bin/python benchmarks/replay.py [--repeats N] [--quick]``.
 Writes ``benchmarks/results/replay.json``.
@@ -125,24 +127,37 @@ def check_accounting(manager: BaseCacheManager, pool: PagePool) -> None:
     assert pool.num_free_slots + held == pool.num_slots, (pool.num_free_slots, held, pool.num_slots)
 
 
-def timed_replays(
-    variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int
-) -> tuple[list[float], list[int], int]:
-    """Seconds per replay (after one warm-up replay), the hits and the evicted slot count of the last one."""
-    samples: list[float] = []
-    hits: list[int] = []
-    evicted = 0
-    for attempt in range(repeats + 1):
-        manager, pool = variant.make_manager(), PagePool(num_pages, variant.page_size)
-        gc.collect()
-        start = time.perf_counter()
-        hits = replay(manager, pool, requests)
-        elapsed = time.perf_counter() - start
-        if attempt:  # attempt 0 is the warm-up
-            samples.append(elapsed)
-        check_accounting(manager, pool)
-        evicted = pool.num_evicted_slots
-    return samples, hits, evicted
+@dataclass
+class Replays:
+    """What the timed replays of one variant measured."""
+
+    seconds: list[float]
+    """Seconds per timed replay."""
+    hits: list[int]
+    """Each request's cached length, in the last replay."""
+    evicted: int
+    """Slots the pool evicted in the last replay."""
+
+
+def timed_rounds(variants: list[tuple[Variant, int]], requests: list[np.ndarray], repeats: int) -> list[Replays]:
+    """Replay ``requests`` through every ``(variant, num_pages)`` in rounds, one replay per variant per round.
+
+    Round 0 is the warm-up. The variants take turns, so a burst of load on the
+    machine falls on all of them alike instead of on one variant's repeats.
+    """
+    results = [Replays([], [], 0) for _ in variants]
+    for round_no in range(repeats + 1):
+        for (variant, num_pages), result in zip(variants, results, strict=True):
+            manager, pool = variant.make_manager(), PagePool(num_pages, variant.page_size)
+            gc.collect()
+            start = time.perf_counter()
+            result.hits = replay(manager, pool, requests)
+            elapsed = time.perf_counter() - start
+            if round_no:
+                result.seconds.append(elapsed)
+            check_accounting(manager, pool)
+            result.evicted = pool.num_evicted_slots
+    return results
 
 
 # -- the instrumented pass ----------------------------------------------------------
@@ -173,10 +188,19 @@ class _Timed:
         return getattr(self._inner, name)
 
 
-def breakdown(variant: Variant, num_pages: int, requests: list[np.ndarray], repeats: int = 5) -> dict[str, float]:
-    """µs per request in each manager method, in the pool and in the glue: each the minimum over ``repeats`` runs."""
-    runs = [_breakdown_once(variant, num_pages, requests) for _ in range(repeats)]
-    return {key: min(run[key] for run in runs) for key in runs[0]}
+def breakdown(
+    variants: list[tuple[Variant, int]], requests: list[np.ndarray], repeats: int = 5
+) -> list[dict[str, float]]:
+    """µs per request in each manager method, in the pool and in the glue, per variant.
+
+    In rounds, as :func:`timed_rounds`: each round runs one instrumented replay per
+    variant, and each figure is the minimum over ``repeats`` rounds.
+    """
+    runs: list[list[dict[str, float]]] = [[] for _ in variants]
+    for _ in range(repeats):
+        for (variant, num_pages), per_variant in zip(variants, runs, strict=True):
+            per_variant.append(_breakdown_once(variant, num_pages, requests))
+    return [{key: min(run[key] for run in per_variant) for key in per_variant[0]} for per_variant in runs]
 
 
 def _breakdown_once(variant: Variant, num_pages: int, requests: list[np.ndarray]) -> dict[str, float]:
@@ -218,12 +242,14 @@ def main() -> None:
     splits: list[dict[str, Any]] = []
     for name, requests in workloads(args.quick).items():
         tokens = total_tokens(requests)
+        variants = [(variant, pool_pages(requests, variant.page_size, variant.pool)) for variant in VARIANTS]
+        replays = timed_rounds(variants, requests, args.repeats)
+        instrumented = breakdown(variants, requests)
         naive_us = None
-        for variant in VARIANTS:
+        for (variant, num_pages), result, split in zip(variants, replays, instrumented, strict=True):
             ps = variant.page_size
             optimum = offline_optimal_hits(requests, page_size=ps)
-            num_pages = pool_pages(requests, ps, variant.pool)
-            samples, hits, evicted = timed_replays(variant, num_pages, requests, args.repeats)
+            samples, hits, evicted = result.seconds, result.hits, result.evicted
             us = statistics.median(samples) / len(requests) * 1e6
             if variant.manager == "naive":
                 naive_us = us
@@ -251,7 +277,6 @@ def main() -> None:
                 "hit_vs_optimal": (sum(hits) / sum(optimum)) if sum(optimum) else None,
                 "evicted_slots": evicted,
             }
-            split = breakdown(variant, num_pages, requests)
             splits.append({"workload": name, "variant": variant.label, **split})
             # The target is for cache management: the manager's methods, as the mature servers' figures count it.
             row["manager_us"] = split["manager_total"]
