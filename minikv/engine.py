@@ -7,7 +7,10 @@ Read this file beside the engine chapter. The pieces, and who owns what::
       |- PagePool        allocate(evict_from=cache) / free                    (which pages nobody holds)
       |- req_to_token    one row of slots per running request                 (where each token's K/V live)
       |- MHAKVCache      store_kv / k_cache / v_cache                         (the K/V themselves)
-      '- TinyDecoder     prefill / decode                                     (reads K/V back by slot)
+      '- the model       prefill / decode                                     (reads K/V back by slot)
+
+The model is any :class:`~minikv.models.PagedModel`: the course's random
+``TinyDecoder`` or a real Llama (:func:`~minikv.models.load_smollm2`).
 
 A request goes through
 
@@ -73,10 +76,10 @@ import torch
 from ._validate import as_positive, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError
+from .models.base import PagedModel
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
 from .radix_manager import RadixCacheManager, RadixTreeNode
-from .tiny_model import TinyDecoder
 
 
 class Status(enum.Enum):
@@ -206,7 +209,7 @@ class Engine:
 
     def __init__(
         self,
-        model: TinyDecoder,
+        model: PagedModel,
         cache: BaseCacheManager,
         pool: PagePool,
         kv_cache: BaseKVCache,
@@ -215,8 +218,7 @@ class Engine:
         insert_after_prefill: bool = True,
         unsafe_early_free: bool = False,
     ) -> None:
-        if not isinstance(model, TinyDecoder):
-            raise ArgumentTypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
+        check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
             raise ArgumentTypeError("cache must be a BaseCacheManager and pool a PagePool")
         pages, page_size = kv_cache.k_cache(0).shape[:2]
@@ -576,8 +578,17 @@ def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
     return torch.cat(values) if values else torch.empty(0, dtype=torch.int32, device=getattr(cache, "device", "cpu"))
 
 
+def check_model(model: object) -> None:
+    """Refuse, naming the argument, anything that is not a :class:`~minikv.models.PagedModel`."""
+    if not isinstance(model, PagedModel):
+        raise ArgumentTypeError(
+            f"model must implement minikv.models.PagedModel (a TinyDecoder, a LlamaModel, ...), "
+            f"got {type(model).__name__}"
+        )
+
+
 def make_engine(
-    model: TinyDecoder,
+    model: PagedModel,
     num_pages: int,
     page_size: int = 1,
     manager: str | BaseCacheManager = "radix",
@@ -594,6 +605,7 @@ def make_engine(
     from .base import KVCacheLayout
     from .mha_pool import MHAKVCache
 
+    check_model(model)
     if isinstance(manager, BaseCacheManager):
         own_page_size = getattr(manager, "page_size", 1)
         if own_page_size != page_size:
@@ -624,7 +636,7 @@ def make_engine(
 
 
 def recompute(
-    model: TinyDecoder,
+    model: PagedModel,
     prompt: torch.Tensor | np.ndarray | Sequence[int],
     max_new_tokens: int,
     stop_tokens: Iterable[int] = (),
@@ -634,6 +646,7 @@ def recompute(
     The yardstick: whatever the engine caches, shares, evicts or preempts, its
     output must equal this one, token for token.
     """
+    check_model(model)
     request = EngineRequest(prompt, max_new_tokens, stop_tokens)
     ids = request.token_ids.tolist()
     while True:
