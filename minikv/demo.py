@@ -11,7 +11,9 @@ cells about the cache:
 * :func:`html_table` draws a table that renders alike in Jupyter, Colab and the book;
 * :func:`print_captions` and :func:`print_tree` print a recording and a tree as text;
 * :func:`show_source` shows a function or class of the package as highlighted code, read from
-  the package itself, so what a chapter shows can never drift from what runs.
+  the package itself, so what a chapter shows can never drift from what runs;
+* :func:`glue` stores a value for the book's ``{glue:}`` roles, as ``myst_nb.glue`` does, without
+  myst-nb (which Colab does not have).
 
 ::
 
@@ -40,9 +42,11 @@ from .radix_manager import RadixCacheManager
 from .snapshot import TreeSnapshot, VocabLike, outline
 
 __all__ = [
+    "GLUE_PREFIX",
     "WIDTH",
     "Server",
     "SourceListing",
+    "glue",
     "html_table",
     "new_server",
     "print_captions",
@@ -73,6 +77,35 @@ def show_error(error: BaseException, prefix: str = "", *, width: int = WIDTH) ->
     if not isinstance(error, BaseException):
         raise ArgumentTypeError(f"error must be an exception, got {type(error).__name__}")
     say(f"{prefix}{type(error).__name__}: {error}", width=width)
+
+
+GLUE_PREFIX = "application/papermill.record/"
+"""What :func:`glue` puts before each MIME type of a hidden value (myst-nb's ``GLUE_PREFIX``)."""
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the book's ``{glue:}`` roles; hidden, also print ``name = value``.
+
+    The display output is exactly ``myst_nb.glue``'s (a bundle with ``scrapbook`` metadata
+    holding ``name`` and ``mime_prefix``), from which the book build fills the roles; but it
+    needs only IPython, since myst-nb is a build tool that Colab does not have. A hidden value
+    (``display=False``) carries :data:`GLUE_PREFIX` on its MIME types, so no front end shows
+    it; the printed line is for the reader on Colab, who sees a ``{glue:}`` role raw.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as _display
+
+    formats: Any = format_display_data  # (IPython's functions have no type hints)
+    show: Any = _display
+
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"name must be a non-empty str, got {name!r}")
+    bundle, metadata = formats(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+    if not display:
+        print(f"{name} = {bundle.get('text/plain', repr(value))}")
 
 
 def print_captions(frames: Iterable[Any], *, width: int = WIDTH) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytest
 import torch
 
@@ -139,3 +142,48 @@ def test_show_source_refuses_what_is_not_minikv() -> None:
 
 def textwrap_fill() -> None:
     """Defined in a test module: not minikv's code."""
+
+
+def test_glue_emits_what_myst_nb_reads(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import IPython.display
+
+    from minikv.demo import GLUE_PREFIX, glue
+
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # any import of myst_nb now fails: Colab has none
+    shown: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kwargs: shown.append((objs, kwargs)))
+    glue("smallest_pool", 280)
+    glue("rate", 0.25, display=True)
+    assert shown == [
+        (
+            ({GLUE_PREFIX + "text/plain": "280"},),
+            {"raw": True, "metadata": {"scrapbook": {"name": "smallest_pool", "mime_prefix": GLUE_PREFIX}}},
+        ),
+        (({"text/plain": "0.25"},), {"raw": True, "metadata": {"scrapbook": {"name": "rate", "mime_prefix": ""}}}),
+    ]
+    assert capsys.readouterr().out == "smallest_pool = 280\n"  # hidden: printed; displayed: shown already
+    with pytest.raises(ArgumentError, match="name"):
+        glue("", 1)
+
+
+def test_glue_matches_myst_nb_and_its_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundle is myst-nb's own, and myst-nb's extraction (what the book build runs) reads it back."""
+    import IPython.display
+    import nbformat
+
+    glue_module = pytest.importorskip("myst_nb.ext.glue")
+    from minikv.demo import GLUE_PREFIX, glue
+
+    assert GLUE_PREFIX == glue_module.GLUE_PREFIX
+    calls: dict[str, list[Any]] = {"minikv": [], "myst_nb": []}
+    for who, fn in (("minikv", glue), ("myst_nb", glue_module.glue)):
+        monkeypatch.setattr(glue_module, "ipy_display", lambda *objs, _w=who, **kw: calls[_w].append((objs, kw)))
+        monkeypatch.setattr(IPython.display, "display", lambda *objs, _w=who, **kw: calls[_w].append((objs, kw)))
+        fn("x", [1, 2], display=False)
+        fn("y", 0.5, display=True)
+    assert calls["minikv"] == calls["myst_nb"]
+    (objs, kwargs), _ = calls["minikv"]
+    output = nbformat.v4.new_output("display_data", data=objs[0], metadata=kwargs["metadata"])
+    cell = nbformat.v4.new_code_cell(outputs=[output])
+    ((key, stored),) = glue_module.extract_glue_data_cell(cell)
+    assert key == "x" and stored["data"] == {"text/plain": "[1, 2]"} and cell.outputs == []
