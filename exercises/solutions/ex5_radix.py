@@ -707,6 +707,30 @@ with explain_errors():
     print(tree_text(engine.cache))
 
 # %% [markdown]
+# Last, a real model: SmolLM2-135M-Instruct from [chapter 7](../book/07_real_model.ipynb),
+# answering three questions that share a system prompt, with your cache keeping its K/V. The
+# answers must be the ones it gives with minikv's own radix cache.
+
+# %%
+from minikv.models import load_smollm2
+
+with explain_errors():
+    smol, tokenizer = load_smollm2(max_positions=256)
+    system = {"role": "system", "content": "You answer in one short sentence."}
+    questions = ["What is a tree?", "What is a leaf?", "What is a root?"]
+    chats = [tokenizer.apply_chat_template([system, {"role": "user", "content": q}], True) for q in questions]
+    stop = tokenizer.encode("<|im_end|>")
+    yours = make_engine(smol, num_pages=256, manager=MyRadixCache(smol.device))
+    answers = yours.generate(chats[:1], max_new_tokens=20, stop_tokens=stop)
+    answers += yours.generate(chats[1:], max_new_tokens=20, stop_tokens=stop)  # these find the first in your tree
+    minikvs = make_engine(smol, num_pages=256, manager="radix")
+    assert answers == minikvs.generate(chats[:1], 20, stop) + minikvs.generate(chats[1:], 20, stop)
+    for question, answer in zip(questions, answers, strict=True):
+        print(f"{question} {tokenizer.decode(answer, skip_special_tokens=True)}")
+    print(f"prompt tokens from your cache: {yours.stats.cached_tokens} of {yours.stats.prompt_tokens}")
+    yours.check()
+
+# %% [markdown]
 # ## What you have built
 #
 # A radix cache is a handful of short methods over one invariant-rich tree: `walk` finds and

@@ -12,7 +12,7 @@ states into Q, K and V and finishes (``layer_qkv``, ``finish_layer``), how
 tokens become hidden states (``embed``) and hidden states logits (``logits``).
 The three passes then differ only in where K and V come from: computed in
 place (``forward``) or written to slots and read back by slot (``prefill``,
-``decode``, through :func:`~minikv.models.attention.paged_attention`).
+``decode``, through :func:`~minikv.models.paged_attention`).
 """
 
 from __future__ import annotations

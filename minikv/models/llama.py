@@ -75,7 +75,7 @@ class LlamaWeights:
     norm: torch.Tensor
     """``(hidden_size,)``: the scale of the last RMSNorm."""
     layers: list[dict[str, torch.Tensor]]
-    """One dict per layer, keyed by :data:`LAYER_WEIGHTS`."""
+    """One dict per layer, keyed by the names in ``LAYER_WEIGHTS``."""
     lm_head: torch.Tensor | None = None
     """``(hidden_size, vocab_size)``, or ``None`` when the output head is the embedding (tied)."""
 
@@ -169,9 +169,12 @@ class LlamaModel(PagedDecoder):
         q = (h @ w["wq"]).view(n, self.num_heads, self.head_dim)
         k = (h @ w["wk"]).view(n, self.num_kv_heads, self.head_dim)
         v = (h @ w["wv"]).view(n, self.num_kv_heads, self.head_dim)
-        cos, sin = self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        return q, k, v  # the cache stores K already rotated, as every server does
+        # RoPE: turn each (first half, second half) pair of Q and K by its position's angle.
+        cos = self.rope_cos[positions][:, None, :]
+        sin = self.rope_sin[positions][:, None, :]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return q, k, v  # K rotated: what the cache stores, as in every server
 
     def finish_layer(self, x: torch.Tensor, attention: torch.Tensor, layer: int) -> torch.Tensor:
         w = self.weights.layers[layer]
