@@ -238,9 +238,11 @@ class Engine:
         """Oldest admission first: preemption takes the last."""
         self.finished: list[EngineRequest] = []
         # Device-side tables, as in mini-sglang: the token ids and the slots of each running request.
-        width = model.max_positions + 1
-        self.token_pool = torch.zeros(self.max_running, width, dtype=torch.int64, device=model.device)
-        self.req_to_token = torch.zeros(self.max_running, width, dtype=torch.int32, device=pool.device)
+        # A row of token ids holds up to max_positions tokens and the one generated after them;
+        # a row of slots holds whole pages, so it may need more than max_positions slots.
+        self.token_pool = torch.zeros(self.max_running, model.max_positions + 1, dtype=torch.int64, device=model.device)
+        slots_width = pool.pages_for(model.max_positions) * self.page_size
+        self.req_to_token = torch.zeros(self.max_running, slots_width, dtype=torch.int32, device=pool.device)
         self._free_rows = list(range(self.max_running - 1, -1, -1))
         self._holders: dict[int, EngineRequest] = {}
         """Row -> the request holding it (running, or finished and waiting for its batch to be collected)."""

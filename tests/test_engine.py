@@ -370,3 +370,14 @@ def test_tree_slots_reads_any_manager_with_a_root_node() -> None:
     manager.insert_prefix([1, 9], [4, 7])
     assert sorted(tree_slots(Holder(manager.root_node)).tolist()) == [4, 5, 6, 7]  # type: ignore[arg-type]
     assert tree_slots(object()).tolist() == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("page_size", [3, 7, 16])
+def test_a_request_as_long_as_the_model_allows_fits_any_page_size(page_size: int) -> None:
+    # 100 positions: whole pages of 3, 7 or 16 slots hold more than 101 slots (102, 105, 112).
+    model = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=100)
+    engine = make_engine(model, num_pages=2 * -(-100 // page_size), page_size=page_size, max_running=2)
+    prompts = [[1] * 60 + [2, 3], [1] * 60 + [4]]
+    outputs = engine.generate(prompts, max_new_tokens=39)  # the longer one reaches position 100 exactly
+    engine.check()
+    assert outputs == [recompute(model, p, 39) for p in prompts]
