@@ -101,7 +101,8 @@ class EngineRequest:
     ) -> None:
         if isinstance(prompt, np.ndarray):  # (the workloads' arrays)
             prompt = torch.as_tensor(prompt)
-        self.prompt = as_token_ids(prompt, "prompt")
+        # A copy: a server that reuses its input buffer after submit() must not change what is cached.
+        self.prompt = as_token_ids(prompt, "prompt").copy()
         if len(self.prompt) == 0:
             raise ArgumentError("prompt must hold at least one token")
         self.max_new_tokens = as_positive(max_new_tokens, "max_new_tokens")

@@ -381,3 +381,14 @@ def test_a_request_as_long_as_the_model_allows_fits_any_page_size(page_size: int
     outputs = engine.generate(prompts, max_new_tokens=39)  # the longer one reaches position 100 exactly
     engine.check()
     assert outputs == [recompute(model, p, 39) for p in prompts]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_a_request_keeps_its_own_copy_of_the_prompt(model: TinyDecoder, kind: str) -> None:
+    buffer = torch.tensor([1, 2, 3, 4, 5]) if kind == "tensor" else np.array([1, 2, 3, 4, 5])
+    engine = make_engine(model, num_pages=32)
+    request = engine.submit(EngineRequest(buffer, 4))
+    buffer[:] = 7  # the caller reuses its input buffer for the next request
+    assert request.prompt.tolist() == [1, 2, 3, 4, 5]
+    engine.run()
+    assert request.output == recompute(model, [1, 2, 3, 4, 5], 4)
