@@ -69,3 +69,24 @@ def test_engine_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: Path
     assert rows[("shared_prompt", "radix ps=1")]["hit_vs_optimal"] == 1.0
     assert any(r["preemptions"] > 0 for r in doc["rows"] if r["variant"].endswith("tight"))
     assert doc["curve"] and all(0 < r["cache_share"] < 1 for r in doc["rows"])
+
+
+def test_real_model_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: Path) -> None:
+    pytest.importorskip("gguf", reason="the real model's readers (minikv[models]) are missing")
+    from minikv.models import ModelFileError, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelFileError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))
+    doc = run_benchmark("real_model", ["--quick"], tmp_path)  # the script asserts identical tokens in every variant
+    rows = {(r["workload"], r["variant"]): r for r in doc["rows"]}
+    assert {w for w, _ in rows} == {"shared_system", "multi_turn"}
+    for workload in ("shared_system", "multi_turn"):
+        naive = rows[(workload, "naive")]
+        assert naive["cached_share"] == 0 and naive["prefill_tokens"] == naive["prompt_tokens"]
+        for variant in ("radix ps=1", "radix ps=16"):
+            assert rows[(workload, variant)]["prefill_tokens"] < naive["prefill_tokens"]
+    assert all(r["tokens_per_s"] > 0 for r in doc["rows"])
