@@ -7,9 +7,11 @@ to slots) and take snapshots of every piece of state a failed call must leave al
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -137,3 +139,15 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
     if not torch.equal(a, b):
         where = (a != b).nonzero()[:5].tolist()
         raise AssertionError(f"tensors differ bitwise at {where}")
+
+
+def smollm2_or_skip() -> None:
+    """Skip where SmolLM2's weights are not installed, naming the install command; in CI (which installs them), fail."""
+    from minikv.models import ModelFileError, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelFileError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import smollm2_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,14 +74,7 @@ def test_engine_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: Path
 
 def test_real_model_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: Path) -> None:
     pytest.importorskip("gguf", reason="the real model's readers (minikv[models]) are missing")
-    from minikv.models import ModelFileError, smollm2_path
-
-    try:
-        smollm2_path()
-    except ModelFileError as error:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(error))
+    smollm2_or_skip()
     doc = run_benchmark("real_model", ["--quick"], tmp_path)  # the script asserts identical tokens in every variant
     rows = {(r["workload"], r["variant"]): r for r in doc["rows"]}
     assert {w for w, _ in rows} == {"shared_system", "multi_turn"}

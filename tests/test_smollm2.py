@@ -17,15 +17,14 @@ tests skip with the install command, except in CI, where a missing file fails.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import smollm2_or_skip
 
 from minikv.engine import EngineRequest, make_engine, recompute
 from minikv.models import LlamaModel, Tokenizer, load_smollm2, smollm2_path
-from minikv.models.smollm2 import ModelFileError
 
 LOGIT_ATOL = 5e-4
 """Measured 5.5e-5 (SmolLM2 in float32, a 37-token chat prompt); ten times that is the bar."""
@@ -35,15 +34,6 @@ IM_END = 2
 
 SYSTEM = "You are a patient teacher. You explain how computers work in short, plain sentences."
 QUESTIONS = ["What is a cache?", "Why do servers batch requests?", "What is a page of memory?", "Name a sort."]
-
-
-def weights_or_skip() -> None:
-    try:
-        smollm2_path()
-    except ModelFileError as error:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,14 +47,14 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[LlamaModel, Tokenizer]:
-    weights_or_skip()
+    smollm2_or_skip()
     return load_smollm2(max_positions=512)
 
 
 @pytest.fixture(scope="module")
 def reference():  # type: ignore[no-untyped-def]
     """``transformers``' own model and tokenizer, loaded from the same file (float32)."""
-    weights_or_skip()
+    smollm2_or_skip()
     transformers = pytest.importorskip("transformers")
     path = smollm2_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
