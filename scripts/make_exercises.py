@@ -74,6 +74,7 @@ def install_cell(name: str) -> nbformat.NotebookNode:
     source = MODELS_INSTALL_CELL if uses_model else INSTALL_CELL
     return nbformat.v4.new_code_cell(source, metadata={"tags": list(INSTALL_TAGS)})
 
+
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?P<mode>\s+pass)?\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
 CELL = re.compile(r"^# %%(?P<markdown>\s+\[markdown\])?(?:\s+tags=\[(?P<tags>[^\]]*)\])?\s*$")
