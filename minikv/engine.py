@@ -76,7 +76,7 @@ import torch
 from ._validate import as_positive, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError
-from .models.base import PagedModel
+from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
 from .radix_manager import RadixCacheManager, RadixTreeNode
@@ -222,6 +222,7 @@ class Engine:
         check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
             raise ArgumentTypeError("cache must be a BaseCacheManager and pool a PagePool")
+        check_cache_fits(model, kv_cache)
         pages, page_size = kv_cache.k_cache(0).shape[:2]
         if cache.page_size != pool.page_size or pool.page_size != page_size or pool.num_pages != pages:
             raise ArgumentError(

