@@ -185,6 +185,8 @@ class PagePool:
                 raise ArgumentTypeError(f"slots must be an integer tensor, got {slots.dtype}")
             if slots.dim() != 1:
                 raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
+            if slots.is_meta:
+                raise ArgumentError("slots is a meta tensor: it has a shape but no values")
             array = slots.cpu().numpy().astype(np.int64)  # integer tensors carry no autograd history
         elif isinstance(slots, (list, tuple)):
             if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in slots):

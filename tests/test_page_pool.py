@@ -275,3 +275,12 @@ def test_a_paged_pool_checks_the_managers_pages_before_evicting() -> None:
     manager.insert_prefix([1, 2, 3, 4], pool.allocate(4))
     assert pool.allocate(6, evict_from=manager).tolist() == [0, 1, 2, 3, 4, 5]  # its own pages: evicted
     manager.check_integrity()
+
+
+def test_free_refuses_a_meta_tensor_with_a_minikv_error() -> None:
+    pool = PagePool(num_pages=4)
+    pool.allocate(4)
+    before = pool_snapshot(pool)
+    with pytest.raises(ArgumentError, match="slots is a meta tensor"):
+        pool.free(torch.tensor([0, 1], device="meta"))
+    assert pool_snapshot(pool) == before
