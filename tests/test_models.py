@@ -113,6 +113,19 @@ def test_the_engine_serves_a_llama_as_recompute_does(llama: LlamaModel, page_siz
     assert engine.stats.cached_tokens > 0 and engine.stats.preemptions > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh runs it on a GPU)")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_on_cuda_the_engine_serves_a_llama_as_recompute_does(llama: LlamaModel, page_size: int) -> None:
+    cuda = LlamaModel(CONFIG, LlamaWeights(llama.weights.embed.cuda(), llama.weights.norm.cuda(),
+                      [{k: w.cuda() for k, w in layer.items()} for layer in llama.weights.layers]))  # fmt: skip
+    ids = torch.randint(0, CONFIG.vocab_size, (40,), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(cuda.forward(ids).cpu(), llama.forward(ids), atol=1e-4, rtol=1e-4)
+    prompts = [ids[:30].tolist(), [*ids[:25].tolist(), 1, 2, 3]]
+    engine = make_engine(cuda, num_pages=128 // page_size, page_size=page_size)  # the store runs the Triton kernel
+    assert engine.generate(prompts, max_new_tokens=8) == [recompute(cuda, p, 8) for p in prompts]
+    engine.check()
+
+
 def test_both_models_implement_the_interface(llama: LlamaModel) -> None:
     assert isinstance(llama, PagedModel)
     assert isinstance(TinyDecoder(), PagedModel)
