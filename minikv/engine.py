@@ -99,8 +99,6 @@ class EngineRequest:
     def __init__(
         self, prompt: torch.Tensor | np.ndarray | Sequence[int], max_new_tokens: int, stop_tokens: Iterable[int] = ()
     ) -> None:
-        if isinstance(prompt, np.ndarray):  # (the workloads' arrays)
-            prompt = torch.as_tensor(prompt)
         # A copy: a server that reuses its input buffer after submit() must not change what is cached.
         self.prompt = as_token_ids(prompt, "prompt").copy()
         if len(self.prompt) == 0:

@@ -244,7 +244,7 @@ def replay_hit_rate(requests: Sequence[np.ndarray], num_slots: int, page_size: i
     cached = sum(serve(manager, pool, ids).cached_len for ids in arrays)
     optimal = 0
     for ids, hit in zip(arrays, offline_optimal_hits(arrays, page_size), strict=True):
-        last = len(ids) - 1  # admit matches input_ids[:-1]
+        last = max(len(ids) - 1, 0)  # admit matches input_ids[:-1] (an empty request matches nothing)
         optimal += min(hit, last - last % page_size)
     return ReplayResult(
         num_slots=num_slots,

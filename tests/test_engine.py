@@ -416,3 +416,15 @@ def test_an_engine_refuses_storage_its_model_cannot_use(model: TinyDecoder) -> N
         with pytest.raises(MiniKVError, match=match):
             Engine(model, cache, pool, bad)  # type: ignore[arg-type]
     assert pool.num_free_slots == 16 and cache.size_info.total_size == 0
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [np.arange(6)[::-1], np.arange(6).astype(">i8"), np.arange(6, dtype=np.uint16)],
+    ids=["reversed", "big-endian", "uint16"],
+)
+def test_a_request_takes_any_integer_numpy_array(model: TinyDecoder, prompt: np.ndarray) -> None:
+    request = EngineRequest(prompt, 3)
+    assert request.prompt.tolist() == prompt.tolist() and request.prompt.dtype == np.int64
+    engine = make_engine(model, num_pages=32)
+    assert engine.generate([prompt], 3) == [recompute(model, prompt.tolist(), 3)]

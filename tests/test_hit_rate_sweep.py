@@ -144,3 +144,12 @@ def test_plot_draws_one_line_and_one_optimum_per_series() -> None:
 def test_plot_refuses_what_is_not_a_sweep(bad: object) -> None:
     with pytest.raises((ArgumentError, ArgumentTypeError)):
         plot_hit_rate_sweep(bad)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_an_empty_request_adds_nothing_to_the_optimum(page_size: int) -> None:
+    requests = [np.array([], dtype=np.int64), np.arange(9), np.arange(9)]
+    result = replay_hit_rate(requests, 16, page_size)
+    without = replay_hit_rate(requests[1:], 16, page_size)
+    assert result.optimal_tokens == without.optimal_tokens >= 0
+    assert result.cached_tokens == without.cached_tokens
