@@ -192,9 +192,10 @@ class TreeSnapshot:
         """Read ``manager``'s tree without changing it (only public attributes are read).
 
         Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
-        around one, or any object with the same ``root_node`` structure. ``max_nodes``
-        stops the walk of a broken tree (a node listed as its own descendant) with
-        :class:`~minikv.errors.IntegrityError`.
+        around one, or any object with the same ``root_node`` structure. A broken tree in
+        which a node is listed as its own descendant (a cycle) is refused with
+        :class:`~minikv.errors.IntegrityError`; ``max_nodes`` also stops the walk of a tree
+        that is larger than expected.
         """
         root = getattr(manager, "root_node", None)
         if root is None or not hasattr(root, "children"):
@@ -214,6 +215,10 @@ class TreeSnapshot:
                     raise IntegrityError(
                         "tree shape",
                         f"the tree has more than {max_nodes} nodes: is a node listed as its own descendant?",
+                    )
+                if _is_on_path(records, position, child):
+                    raise IntegrityError(
+                        "tree shape", f"a node below {list(path)} is its own ancestor: the tree has a cycle"
                     )
                 child_path = path + tuple(int(t) for t in child.key.tolist())
                 kids_of[position].append(len(records))
@@ -522,3 +527,12 @@ def _numbers(values: tuple[int, ...], limit: int = 10) -> str:
     if len(values) <= limit:
         return str(list(values))
     return str(list(values[:limit]))[:-1] + f", … {len(values) - limit} more]"
+
+
+def _is_on_path(records: Sequence[tuple[Any, Path, int, Hashable, bool, int]], position: int, node: Any) -> bool:
+    """Whether ``node`` is the record at ``position`` or one of its ancestors (a cycle, if it is listed again)."""
+    while position >= 0:
+        if records[position][0] is node:
+            return True
+        position = records[position][5]
+    return False

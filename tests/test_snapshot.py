@@ -108,8 +108,18 @@ def test_a_loop_stops_the_walk() -> None:
     manager = family()
     leaf = manager.root_node.children[7]
     leaf.children[7] = leaf  # a node listed as its own child
+    for max_nodes in (50, None):  # found as a cycle, with or without a bound on the size
+        with pytest.raises(IntegrityError, match="its own ancestor: the tree has a cycle"):
+            TreeSnapshot.of(manager, max_nodes=max_nodes)
+
+
+def test_max_nodes_stops_the_walk_of_a_tree_larger_than_expected() -> None:
+    manager = RadixCacheManager()
+    for first in range(60):
+        manager.insert_prefix([first, 1], [2 * first, 2 * first + 1])
     with pytest.raises(IntegrityError, match="more than 50 nodes"):
         TreeSnapshot.of(manager, max_nodes=50)
+    assert TreeSnapshot.of(manager, max_nodes=60).num_nodes == 60
 
 
 def test_a_deep_chain_needs_no_recursion() -> None:

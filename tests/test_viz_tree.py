@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 import matplotlib
+import numpy as np
 import pytest
+import torch
 
 matplotlib.use("Agg")
 
@@ -21,8 +23,8 @@ from viz_scenario import (
     manager_with,
 )
 
-from minikv import NaiveCacheManager, PagePool, RadixCacheManager, admit, finish
-from minikv.errors import ArgumentError, ArgumentTypeError, MiniKVError
+from minikv import NaiveCacheManager, PagePool, RadixCacheManager, RadixTreeNode, admit, finish
+from minikv.errors import ArgumentError, ArgumentTypeError, IntegrityError, MiniKVError
 from minikv.viz import (
     GraphvizMissingError,
     TreeDrawing,
@@ -229,3 +231,37 @@ def test_strip_reprs() -> None:
     manager = manager_with([0, 1])
     assert repr(draw_tree(manager, pool=pool)) == "<TreeDrawing: 2 nodes, a strip of 4 slots>"
     assert repr(draw_tree(manager, pool=pool).copy()) == "<TreeDrawing: 2 nodes, a strip of 4 slots>"
+
+
+def broken_tree(kind: str) -> RadixCacheManager:
+    """A tree with a node of no tokens under [1, 2, 3], or a cycle back to the root or to itself."""
+    manager = RadixCacheManager()
+    manager.insert_prefix([1, 2, 3], [0, 1, 2])
+    manager.insert_prefix([1, 2, 4], [0, 1, 5])
+    shared = next(iter(manager.root_node.children.values()))
+    if kind == "empty node":
+        leaf = next(iter(shared.children.values()))
+        empty = RadixTreeNode()
+        empty.set_key_value(np.array([], dtype=np.int64), torch.empty(0, dtype=torch.int32))
+        empty.parent = leaf
+        leaf.children[99] = empty
+    else:
+        shared.children[77] = manager.root_node if kind == "cycle to the root" else shared
+    return manager
+
+
+def test_drawing_a_tree_with_an_empty_node_terminates() -> None:
+    manager = broken_tree("empty node")
+    drawing = draw_tree(manager)
+    assert drawing.tree_nodes == len(TreeSnapshot.of(manager).nodes)
+    assert "svg" in drawing.svg()[:200].lower()
+    assert len(TreeRecorder(manager).frames[0].drawing.source) > 0
+
+
+@pytest.mark.parametrize("kind", ["cycle to the root", "cycle to itself"])
+def test_drawing_a_tree_with_a_cycle_is_refused_with_a_minikv_error(kind: str) -> None:
+    manager = broken_tree(kind)
+    with pytest.raises(IntegrityError, match="cycle"):
+        TreeSnapshot.of(manager)
+    with pytest.raises(IntegrityError, match="cycle"):
+        draw_tree(manager)

@@ -251,16 +251,24 @@ def draw_snapshot(
 
 
 def _with_ghosts(snapshot: TreeSnapshot, ghosts: Mapping[Path, NodeView]) -> Iterator[NodeView]:
-    """Depth-first over live nodes and ghosts together, ghosts under their former parent, sorted."""
+    """Depth-first over live nodes and ghosts together, ghosts under their former parent, sorted.
+
+    Each path is drawn once: a node with no tokens (a broken tree's) has its parent's path, so
+    it is not a box of its own, and the walk cannot come back to a path it has drawn.
+    """
     children: dict[Path, list[Path]] = {p: list(v.child_paths) for p, v in snapshot.nodes.items()}
     for path, view in ghosts.items():
         children.setdefault(view.parent, []).append(path)
         children.setdefault(path, [])
     stack: list[Path] = [()]
+    drawn: set[Path] = set()
     while stack:
         path = stack.pop()
+        if path in drawn:
+            continue
+        drawn.add(path)
         yield ghosts.get(path) or snapshot.nodes[path]
-        kids = sorted(set(children.get(path, ())))
+        kids = sorted(set(children.get(path, ())) - drawn)
         stack.extend(reversed(kids))
 
 
