@@ -58,6 +58,10 @@ class DoubleFreeError(MiniKVError, RuntimeError):
     """Slots returned to the pool that were already free (or returned twice)."""
 
 
+class ModelFileError(MiniKVError, FileNotFoundError):
+    """A model's weights are not installed, or the file is not the one minikv expects (its SHA-256 differs)."""
+
+
 class IntegrityError(MiniKVError, RuntimeError):
     """A broken invariant found by ``check_integrity``.
 

