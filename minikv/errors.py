@@ -62,6 +62,18 @@ class ModelFileError(MiniKVError, FileNotFoundError):
     """A model's weights are not installed, or the file is not the one minikv expects (its SHA-256 differs)."""
 
 
+class TritonMissingError(MiniKVError, ModuleNotFoundError):
+    """Triton is not installed here: it has wheels for Linux only (none for macOS or Windows).
+
+    Raised by :func:`minikv.kernels.require_triton`, and so by every launch of a Triton kernel. A
+    ``ModuleNotFoundError`` too, so ``except ImportError`` keeps working. In a notebook it shows as
+    its one-line message, without a traceback (IPython's ``_render_traceback_`` hook).
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"✗ {self}"]
+
+
 class IntegrityError(MiniKVError, RuntimeError):
     """A broken invariant found by ``check_integrity``.
 

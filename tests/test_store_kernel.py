@@ -24,7 +24,14 @@ from torch.overrides import TorchFunctionMode
 
 from minikv import KVCacheLayout, MHAKVCache, store_cache, store_cache_reference
 from minikv.errors import ArgumentError, ArgumentTypeError, SlotIndexError
-from minikv.kernels import interpreted, plan_store_launch, triton_interpreter_requested, use_interpreter_without_cuda
+from minikv.kernels import (
+    TRITON_MISSING,
+    interpreted,
+    plan_store_launch,
+    require_triton,
+    triton_interpreter_requested,
+    use_interpreter_without_cuda,
+)
 from minikv.kernels import store as store_module
 from minikv.kernels.cpu_copy import slot_runs
 
@@ -289,6 +296,57 @@ def test_import_minikv_sets_no_environment_variable_and_imports_no_triton() -> N
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
+
+
+WITHOUT_TRITON = """
+import sys
+
+class NoTriton:  # what macOS and Windows look like: Triton has no wheels there
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "triton":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTriton())
+"""
+
+
+def test_without_triton_a_kernel_says_so_in_one_line_and_the_torch_path_works() -> None:
+    """Chapter 3's kernel cells and exercise 3's kernel task, on a machine where ``import triton`` fails."""
+    code = WITHOUT_TRITON + (
+        "import torch\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "from minikv import KVCacheLayout, MHAKVCache, store_cache\n"
+        "from minikv.errors import TritonMissingError\n"
+        "from minikv.kernels import TRITON_MISSING, require_triton\n"
+        "try:\n"
+        "    require_triton()\n"
+        "except ImportError as error:  # a ModuleNotFoundError too\n"
+        "    assert isinstance(error, TritonMissingError) and str(error).startswith(TRITON_MISSING), error\n"
+        "cache = MHAKVCache(2, 1, 4, num_pages=8, dtype=torch.float32, kv_layout=KVCacheLayout.LayerFirst,\n"
+        "                   device='cpu')\n"
+        "k = torch.ones(3, 2, 4)\n"
+        "cache.store_kv(k, 2 * k, torch.tensor([5, 0, 2]), layer_id=0)  # CPU tensors: the torch copy\n"
+        "assert (cache.k_cache(0).reshape(8, -1)[[5, 0, 2]] == 1).all()\n"
+        "try:\n"
+        "    store_cache(cache.k_cache(0), cache.v_cache(0), torch.tensor([1]), k[:1], k[:1], backend='triton')\n"
+        "except TritonMissingError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('the triton backend ran without Triton')\n"
+        "print('--- a notebook cell:')\n"
+        "InteractiveShell.instance().run_cell('from minikv.kernels import require_triton\\n"
+        "triton, tl = require_triton()')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    shown = [line for line in result.stdout.split("--- a notebook cell:\n", 1)[1].splitlines() if line.strip()]
+    assert len(shown) == 1 and shown[0].startswith(f"✗ {TRITON_MISSING}"), result.stdout
+
+
+def test_require_triton_returns_triton_and_its_language_where_it_is_installed() -> None:
+    triton, tl = require_triton()
+    assert triton.__name__ == "triton" and tl.__name__ == "triton.language"
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,9 @@
 
 # %%
 import torch
-import triton
-import triton.language as tl
 
 from minikv.exercises import check
-from minikv.kernels import use_interpreter_without_cuda
+from minikv.kernels import require_triton, use_interpreter_without_cuda
 
 interpreted = use_interpreter_without_cuda()  # before any @triton.jit: sets TRITON_INTERPRET=1 without CUDA
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -233,6 +231,9 @@ check("storage.store_torch", store_torch)
 
 
 # %%
+triton, tl = require_triton()  # where Triton has no build (macOS, Windows), one line says so
+
+
 @triton.jit
 def store_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr,

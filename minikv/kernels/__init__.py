@@ -9,7 +9,14 @@ Importing this package does not import Triton: the kernel is handed to Triton wh
 is first launched.
 """
 
-from .devices import as_device, interpreted, triton_interpreter_requested, use_interpreter_without_cuda
+from .devices import (
+    TRITON_MISSING,
+    as_device,
+    interpreted,
+    require_triton,
+    triton_interpreter_requested,
+    use_interpreter_without_cuda,
+)
 from .store import (
     BACKENDS,
     SLOT_CHECKS,
@@ -28,6 +35,7 @@ __all__ = [
     "BACKENDS",
     "SLOT_CHECKS",
     "SUPPORTED_DTYPES",
+    "TRITON_MISSING",
     "StoreLaunch",
     "as_device",
     "check_slots",
@@ -35,6 +43,7 @@ __all__ = [
     "interpreted",
     "launch_store_kernel",
     "plan_store_launch",
+    "require_triton",
     "store_cache",
     "store_cache_reference",
     "store_kernel",

@@ -20,11 +20,12 @@ import importlib
 import os
 from collections.abc import Callable
 from functools import cached_property
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from ..errors import ArgumentError, ArgumentTypeError
+from ..errors import ArgumentError, ArgumentTypeError, TritonMissingError
 
 _TRUE = ("1", "true", "on", "yes")
 
@@ -36,6 +37,27 @@ def triton_interpreter_requested() -> bool:
     time of the call: nothing is remembered from import time.
     """
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+
+
+TRITON_MISSING = "Triton has no build for this system: do this part on Colab or Linux"
+
+
+def require_triton() -> tuple[ModuleType, ModuleType]:
+    """``(triton, triton.language)``, or :class:`~minikv.errors.TritonMissingError` where Triton is not installed.
+
+    Triton has wheels for Linux only, so on macOS or Windows this raises, and a notebook shows one line,
+    ``✗ Triton has no build for this system: do this part on Colab or Linux``, instead of a
+    ``ModuleNotFoundError`` followed by a ``NameError`` in every later cell. Exercise 3's kernel cell
+    starts with ``triton, tl = require_triton()``; minikv's own kernels call it at their first launch.
+    """
+    try:
+        triton = importlib.import_module("triton")
+        language = importlib.import_module("triton.language")
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "triton":
+            raise  # Triton is there but one of its own imports is missing: that is a different problem
+        raise TritonMissingError(f"{TRITON_MISSING} (no module named {error.name!r} here)", name=error.name) from None
+    return triton, language
 
 
 def use_interpreter_without_cuda() -> bool:
@@ -103,7 +125,7 @@ class TritonKernel:
 
     def _python(self) -> Callable[..., None]:
         """The function, with ``triton.language`` bound as ``tl`` in its module and its annotations resolved."""
-        tl = importlib.import_module("triton.language")
+        _, tl = require_triton()
         namespace = self.fn.__globals__
         namespace.setdefault("tl", tl)
         # The kernel's module uses `from __future__ import annotations`: turn "tl.constexpr" back into the object.
@@ -116,16 +138,18 @@ class TritonKernel:
     @cached_property
     def compiled(self) -> Any:
         """The kernel for GPUs (a ``triton.JITFunction``), compiled per device and specialisation at launch."""
+        fn = self._python()  # first: it says in one line when Triton is missing
         from triton.runtime.jit import JITFunction
 
-        return JITFunction(self._python())
+        return JITFunction(fn)
 
     @cached_property
     def interpreter(self) -> Any:
         """The kernel in Triton's interpreter (a ``triton.runtime.interpreter.InterpretedFunction``)."""
+        fn = self._python()
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(self._python())
+        return InterpretedFunction(fn)
 
     def on(self, device: torch.device) -> Any:
         """The form of the kernel that runs on ``device``, by the rule of :func:`interpreted`."""
