@@ -27,7 +27,7 @@ ERROR_NAME = re.compile(r"`(\w*Error)`")
 TEST_FILE = re.compile(r"`(?:tests/)?(test_\w+\.py)`")
 BUILTINS = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}
 BUILTINS |= {"RuntimeError": RuntimeError, "NotImplementedError": NotImplementedError}
-BUILTINS |= {"FileNotFoundError": FileNotFoundError}
+BUILTINS |= {"FileNotFoundError": FileNotFoundError, "ModuleNotFoundError": ModuleNotFoundError}
 
 
 def table_rows() -> list[list[str]]:
