@@ -34,7 +34,8 @@ Rules the check enforces (each explained where it is defined below):
   ``1\\\\. ``);
 * glue roles: a translation writes {glue:}`page.ipynb::key`, not {glue:}`key` (which finds no data);
 * glossary: each glossary entry's heading uses the Chinese term of its "**Notes:**" line, and no
-  catalog uses a known wrong rendering of a key term (``KEY_TERMS``).
+  catalog uses a known wrong rendering of a key term (``KEY_TERMS``) or leaves one of a few
+  English words in its prose (``ENGLISH_LEFTOVERS``).
 """
 
 from __future__ import annotations
@@ -423,7 +424,17 @@ KEY_TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "node": ("节点", ("结点",)),
     "split": ("分裂", ("拆分节点", "切分节点")),
     "tensor parallelism": ("张量并行", ("张量平行", "张量并联")),
+    # One word per idea across pages (a reader who meets two words looks for two ideas).
+    "caller": ("调用者", ("调用方",)),
+    "owner (of a slot)": ("所有者", ("主人",)),
+    "admit (a request)": ("接纳", ("准入",)),
+    "file (a child under its first token)": ("登记", ("归档",)),
+    "store kernel": ("写入内核", ("存储内核",)),
 }
+
+# English words a translation must not leave in its prose (code spans, links, glosses in
+# parentheses and quotations of the notes excepted): each has a Chinese term.
+ENGLISH_LEFTOVERS: dict[str, str] = {"key": "键", "value": "值", "block": "块"}
 
 
 def key_term_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
@@ -436,6 +447,19 @@ def key_term_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
                 for variant in variants:
                     if entry.msgstr.count(variant) > entry.msgid.count(variant):
                         found.append(f"{page}: {variant!r} for {english!r}: the glossary's term is {chinese!r}")
+    return found
+
+
+def english_leftover_problems(catalogs: dict[str, list[Entry]]) -> list[str]:
+    found = []
+    for page, entries in catalogs.items():
+        if page == "book/api":  # the package's docstrings stay English
+            continue
+        for entry in entries:
+            prose = re.sub(r"`[^`]*`|\]\([^)]*\)|<[^>]*>|（[^）]*）|\([^)]*\)|“[^”]*”", "", entry.msgstr)
+            for word, chinese in ENGLISH_LEFTOVERS.items():
+                if re.search(rf"(?<![A-Za-z_]){word}s?(?![A-Za-z_])", prose):
+                    found.append(f"{page}: English {word!r} left in {entry.msgstr[:60]!r}: write {chinese!r}")
     return found
 
 
@@ -466,6 +490,7 @@ def problems(catalogs: dict[str, list[Entry]] | None = None) -> Iterator[tuple[s
     yield "glue roles", glue_problems(catalogs)
     yield "glossary", glossary_problems(catalogs)
     yield "key terms", key_term_problems(catalogs)
+    yield "english leftovers", english_leftover_problems(catalogs)
 
 
 def check(fresh: bool) -> int:

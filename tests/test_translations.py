@@ -150,6 +150,16 @@ def test_no_catalog_uses_another_rendering_of_a_key_term(catalogs) -> None:
     assert found == [], "\n".join(found)
     planted = i18n.Entry("book/05_radix", "Evict the leaf.", "淘汰这个叶子节点。", False)
     assert len(i18n.key_term_problems({"p": [planted]})) == 1
+    caller = i18n.Entry("book/03_storage", "The caller frees them.", "调用方释放它们。", False)
+    assert len(i18n.key_term_problems({"p": [caller]})) == 1
+
+
+def test_no_catalog_leaves_an_english_term_in_its_prose(catalogs) -> None:
+    found = i18n.english_leftover_problems(catalogs)
+    assert found == [], "\n".join(found)
+    leftover = i18n.Entry("book/05_radix", "Compare its key.", "比较它的 key。", False)
+    code = i18n.Entry("book/05_radix", "Compare its `key`.", "比较它的 `key`（key）。", False)
+    assert len(i18n.english_leftover_problems({"p": [leftover, code]})) == 1
 
 
 def test_chinese_search_fallback_indexes_short_pieces_of_chinese() -> None:
