@@ -216,3 +216,15 @@ def test_chinese_search_finds_identifiers_and_chinese_terms(page, server: str) -
         pytest.skip("the glossary is not translated yet: no Chinese term to search for")
     found = search(page, zh, "前缀匹配")
     assert any("glossary" in href for href in found), found
+
+
+def test_chinese_search_finds_every_glossary_term_and_common_synonyms(page, server: str) -> None:
+    """Every term of the zh glossary, however long, and the synonyms readers type find the glossary."""
+    zh = edition_root(server, "zh")
+    page.goto(f"{zh}/book/glossary.html", wait_until="load")
+    terms = page.eval_on_selector_all("dl.glossary dt", "dts => dts.map(dt => dt.innerText.replace('¶', '').trim())")
+    assert len(terms) > 40, terms
+    missed = [term for term in terms if not any("glossary" in href for href in search(page, zh, term))]
+    assert missed == [], f"zh search does not find these glossary terms: {missed}"
+    for synonym in ("淘汰", "加锁"):
+        assert any("glossary" in href for href in search(page, zh, synonym)), synonym

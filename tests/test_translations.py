@@ -168,6 +168,11 @@ def test_chinese_search_fallback_indexes_short_pieces_of_chinese() -> None:
 
     grams = zh_search.chinese_ngrams("先做前缀匹配 then `evict`")
     assert {"前缀", "前缀匹配", "做前缀匹"} <= set(grams) and "先做前缀匹配" not in grams
+    # a longer query becomes overlapping 4-character pieces, every one of which the index holds
+    assert zh_search.query_pieces("完整性检查 evict") == ["完整性检", "整性检查", "evict"]
+    assert zh_search.query_pieces("每 token") == ["token"]
+    assert set(zh_search.query_pieces("请求生命周期")) <= set(zh_search.chinese_ngrams("一个请求生命周期"))
+    assert "淘汰" in zh_search.synonyms_of("驱逐一个叶子节点") and zh_search.synonyms_of("前缀") == []
     assert not any("e" in g for g in grams)
     words = zh_search.SearchChineseWithoutJieba({}).split("前缀匹配 RadixCacheManager")
     assert "RadixCacheManager" in words and "前缀匹配" in words
