@@ -4,7 +4,10 @@ The book is built twice from the same sources (``scripts/i18n.py``): English int
 and Chinese (``language = "zh_CN"``, the catalogs of ``locale/``) into ``_build/html/zh/``. This
 extension puts a "中文" link on each English page and an "English" link on each Chinese page, in the
 article's header next to the theme's buttons. The links are relative (``../zh/book/01_why_manage.html``
-and back), so they work on GitHub Pages under any base path and from ``file://``.
+and back), so they work on GitHub Pages under any base path and from ``file://``. The link stays in the
+header's row of buttons (``static/language-switch.css``) and keeps the reader's place: it carries the
+id of the section being read, which is the same in both editions (Sphinx names a section after its
+English title), so the other edition opens there (``static/language-switch.js``).
 
 Registered in ``_config.yml`` (``sphinx: local_extensions: {language_switch: _ext}``).
 """
@@ -18,6 +21,7 @@ from sphinx.application import Sphinx
 from sphinx.config import Config
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+STATIC = Path(__file__).resolve().parent / "static"
 TEMPLATE = "language-switch.html"
 ZH_FOLDER = "zh"  # the Chinese edition's folder inside the English one
 
@@ -29,6 +33,7 @@ def is_chinese(config: Config) -> bool:
 def add_template(app: Sphinx, config: Config) -> None:
     """Put the switch at the end of the article header (sphinx-book-theme's ``article_header_end``)."""
     config.templates_path = [*config.templates_path, str(TEMPLATES)]
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
     options = dict(config.html_theme_options or {})
     items = options.get("article_header_end", "article-header-buttons.html")
     if isinstance(items, str):
@@ -55,5 +60,7 @@ def add_link(app: Sphinx, pagename: str, templatename: str, context: dict[str, A
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", add_template)
+    app.add_css_file("language-switch.css")
+    app.add_js_file("language-switch.js")
     app.connect("html-page-context", add_link)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

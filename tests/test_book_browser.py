@@ -228,3 +228,40 @@ def test_chinese_search_finds_every_glossary_term_and_common_synonyms(page, serv
     assert missed == [], f"zh search does not find these glossary terms: {missed}"
     for synonym in ("淘汰", "加锁"):
         assert any("glossary" in href for href in search(page, zh, synonym)), synonym
+
+
+@pytest.mark.parametrize("width", [800, 1024, 1280, 1440, 1920])
+def test_language_switch_sits_in_the_header_and_keeps_the_reader_s_place(page, server: str, width: int) -> None:
+    """The edition link is inside the article header's row at every common width, and following it
+    from the middle of a page lands on the same section of the other edition, and back."""
+    zh = edition_root(server, "zh")
+    page.set_viewport_size({"width": width, "height": 900})
+    for root, other in ((server, zh), (zh, server)):
+        page.goto(f"{root}/book/05_radix.html", wait_until="load")
+        section = page.evaluate("() => document.querySelectorAll('article.bd-article section[id]')[3].id")
+        # a little into the section, as a reader would be (instantly: the theme scrolls smoothly)
+        page.evaluate(
+            "id => window.scrollTo({top: document.getElementById(id).getBoundingClientRect().top + window.scrollY"
+            " - 60, behavior: 'instant'})",
+            section,
+        )
+        place = page.evaluate(
+            """() => {
+            const link = document.querySelector('a[data-minikv-language-switch]').getBoundingClientRect();
+            const header = document.querySelector('.bd-header-article').getBoundingClientRect();
+            return {link: [link.top, link.bottom], box: [link.left, link.right], header: [header.top, header.bottom]};
+        }"""
+        )
+        (top, bottom), (header_top, header_bottom) = place["link"], place["header"]
+        assert header_top <= top and bottom <= header_bottom, (
+            f"{width}px: the switch {place['link']} leaves the header {place['header']}"
+        )
+        # a click where the link is (Playwright's own click() would scroll the page first)
+        with page.expect_navigation(wait_until="load"):
+            page.mouse.click((place["box"][0] + place["box"][1]) / 2, (top + bottom) / 2)
+        assert page.url == f"{other}/book/05_radix.html#{section}", page.url
+        page.wait_for_timeout(200)
+        top = page.evaluate("id => document.getElementById(id).getBoundingClientRect().top", section)
+        assert 0 <= top < 200, (
+            f"{width}px: the other edition opened with section {section!r} at {top}px, not at the top"
+        )
