@@ -97,6 +97,13 @@ def test_page_loads_with_title_images_and_no_leaks(page, site: str, name: str) -
     assert broken == [], f"{name}: broken images {broken}"
     external = [img["src"] for img in images if not img["local"]]
     assert all(src.startswith("https://colab.research.google.com/assets/") for src in external), external
+    # Everything a page needs to render (scripts, styles: MathJax was one) comes from the site itself,
+    # so the book reads the same offline and wherever a CDN is slow or blocked.
+    remote = page.evaluate(
+        """() => [...document.querySelectorAll('script[src], link[rel=stylesheet][href]')]
+                 .map(e => e.src || e.href).filter(u => new URL(u).origin !== location.origin)"""
+    )
+    assert remote == [], f"{name}: loads {remote} from another site"
     text = page.locator("main").inner_text()
     assert "Traceback (most recent call last)" not in text, f"{name}: shows a traceback"
     leak = MACHINE_PATHS.search(text)
