@@ -35,10 +35,15 @@ LIMITS: dict[str, tuple[int, int]] = {
     "book/06_forward_pass.ipynb": (31, 2239),
     "book/07_real_model.ipynb": (24, 1500),
     "book/under_the_hood.ipynb": (30, 1500),
+    "book/questions.ipynb": (20, 1500),
 }
 
 # notebook -> the functions and classes its cells may define: each is what the lesson is about
 TAUGHT: dict[str, dict[str, str]] = {
+    "book/questions.ipynb": {
+        "extra_recompute": "the partial-page answer: what one cached prompt of a given length costs again",
+        "salted": "the side-channel answer: a per-tenant salt is one token in front of the key",
+    },
     "book/03_storage.ipynb": {
         "attention": "the small softmax attention that challenge 7 splits by heads and by head_dim",
     },
