@@ -84,3 +84,11 @@ def test_real_model_quick_saves_prefill_and_generates_the_same_tokens(tmp_path: 
         for variant in ("radix ps=1", "radix ps=16"):
             assert rows[(workload, variant)]["prefill_tokens"] < naive["prefill_tokens"]
     assert all(r["tokens_per_s"] > 0 for r in doc["rows"])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") not in (None, "1"), reason="needs Triton's interpreter on CPU")
+def test_paged_attention_quick_checks_the_kernel_against_the_gather_path(tmp_path: Path) -> None:
+    doc = run_benchmark("paged_attention", ["--quick", "--device", "cpu"], tmp_path)
+    assert doc["quick"] is True
+    assert {r["variant"] for r in doc["rows"]} == {"copy", "gather + attend", "paged kernel"}
+    assert all(r["gb_per_s"] > 0 for r in doc["rows"])

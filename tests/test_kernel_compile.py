@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import pytest
 import torch
 
 from minikv.kernels import plan_store_launch, store_kernel
+from minikv.kernels.paged_attention import paged_decode_arguments, paged_decode_kernel, plan_block_n
 from minikv.kernels.store import store_kernel_arguments
 
 triton = pytest.importorskip("triton")
@@ -165,3 +167,28 @@ def test_the_exercise_reference_kernel_compiles(capability: int) -> None:
     args = (k, v, k_cache, v_cache, indices, n, 16, heads, head_dim, *k.stride(), *v.stride(), *k_cache.stride())
     compiled = compile_for(jit_fn, capability, args, {"BLOCK_T": 8, "BLOCK_H": heads, "BLOCK_D": head_dim})
     assert_fast_code(compiled, capability, f"exercise 3's store_kernel on sm_{capability}")
+
+
+# (heads, kv_heads, head_dim, dtype): Llama-8B-like GQA in bf16, odd heads in fp16, MHA in fp32.
+DECODE_SHAPES = ((32, 8, 128, torch.bfloat16), (9, 3, 80, torch.float16), (8, 8, 64, torch.float32))
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm_{c}")
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "dtype"), DECODE_SHAPES, ids=lambda v: str(v))
+def test_the_paged_attention_kernel_compiles_without_spills(
+    capability: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    batch, pages, page_size, width = 4, 64, 16, 1024
+    q = torch.empty(batch, heads, head_dim, dtype=dtype)
+    k_cache = torch.empty(pages, page_size, kv_heads, head_dim, dtype=dtype)
+    table = torch.zeros(batch, width, dtype=torch.int32)
+    lens = torch.full((batch,), width, dtype=torch.int32)
+    out = torch.empty_like(q)
+    args, kwargs = paged_decode_arguments(q, k_cache, torch.empty_like(k_cache), table, lens, out)
+    kwargs["BLOCK_N"] = plan_block_n(torch.device("cuda"))  # as a launch on a GPU plans it
+    compiled = compile_for(paged_decode_kernel.compiled, capability, args, kwargs)
+    report = ptxas_report(compiled.asm["ptx"], capability)
+    spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", report)  # ptxas omits the line when there are none
+    assert "Used" in report and all(n == "0" for n in spills), (
+        f"paged_decode_kernel spills on sm_{capability}:\n{report}"
+    )

@@ -2,6 +2,8 @@
 
 * ``minikv.kernels.store``: the Triton kernel, its launcher, the checks and :func:`~minikv.store_cache`;
 * :mod:`minikv.kernels.cpu_copy`: the plain-torch copy that ``backend="torch"`` runs;
+* :mod:`minikv.kernels.paged_attention`: the read half, a decode-attention kernel that reads K/V
+  from the pages in place through each request's slot table;
 * ``minikv.kernels.devices``: the rule for where a kernel runs (compiled on CUDA
   tensors, interpreted on CPU tensors), with no environment variable set at import.
 
@@ -17,6 +19,7 @@ from .devices import (
     triton_interpreter_requested,
     use_interpreter_without_cuda,
 )
+from .paged_attention import paged_decode_attention, paged_decode_attention_reference
 from .store import (
     BACKENDS,
     SLOT_CHECKS,
@@ -42,6 +45,8 @@ __all__ = [
     "check_store_arguments",
     "interpreted",
     "launch_store_kernel",
+    "paged_decode_attention",
+    "paged_decode_attention_reference",
     "plan_store_launch",
     "require_triton",
     "store_cache",

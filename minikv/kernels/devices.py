@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from types import ModuleType
 from typing import Any
@@ -145,11 +146,11 @@ class TritonKernel:
 
     @cached_property
     def interpreter(self) -> Any:
-        """The kernel in Triton's interpreter (a ``triton.runtime.interpreter.InterpretedFunction``)."""
+        """The kernel in Triton's interpreter: ``kernel.interpreter[grid](*args)`` runs it with NumPy."""
         fn = self._python()
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(fn)
+        return _Interpreted(InterpretedFunction(fn))
 
     def on(self, device: torch.device) -> Any:
         """The form of the kernel that runs on ``device``, by the rule of :func:`interpreted`."""
@@ -158,6 +159,43 @@ class TritonKernel:
     @property
     def __name__(self) -> str:
         return self.fn.__name__
+
+
+class _Interpreted:
+    """An interpreted kernel whose calls to ``triton.language``'s own helpers (``tl.sum``, ``tl.max``) work.
+
+    Those helpers are ``@triton.jit`` functions. Under ``TRITON_INTERPRET=1`` Triton makes every
+    such function interpretable when it is defined; minikv interprets only its CPU launches, so
+    during each of them the helpers are swapped for interpreted twins, and put back after.
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kwargs: Any) -> None:
+            with _interpretable_language():
+                launch(*args, **kwargs)
+
+        return run
+
+
+@contextmanager
+def _interpretable_language() -> Iterator[None]:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    helpers = {name: value for name, value in vars(tl).items() if isinstance(value, JITFunction)}
+    for name, helper in helpers.items():
+        setattr(tl, name, InterpretedFunction(helper.fn))
+    try:
+        yield
+    finally:
+        for name, helper in helpers.items():
+            setattr(tl, name, helper)
 
 
 def triton_kernel(fn: Callable[..., None]) -> TritonKernel:

@@ -1,8 +1,10 @@
 """The read half of the paged cache: gather a request's K/V rows by slot, then attend.
 
 Both models of the course (the random ``TinyDecoder`` and a real Llama) call
-these two functions and nothing else to read the cache, so whatever the course
-proves about one model's cache reads holds for the other's.
+these functions and nothing else to read the cache, so whatever the course
+proves about one model's cache reads holds for the other's. A decode batch on a
+GPU reads the pages in place instead, through the Triton kernel of
+:mod:`minikv.kernels.paged_attention` (:func:`decode_attention` chooses).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import math
 import torch
 
 from ..base import BaseKVCache
+from ..errors import ArgumentError
+from ..kernels.paged_attention import paged_decode_attention
+
+DECODE_BACKENDS = ("auto", "gather", "triton")
 
 
 def gather_kv(
@@ -57,3 +63,27 @@ def paged_attention(
     """Attention of one request's queries over the K/V its slots hold: gather, then attend."""
     k, v = gather_kv(kv_cache, layer, slots)
     return causal_attention(q, k, v, q_start)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: BaseKVCache,
+    layer: int,
+    tables: list[torch.Tensor],
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Attention of a decode batch: query ``b`` (the newest token of request ``b``) over slots ``tables[b]``.
+
+    ``backend``: ``"gather"`` copies each request's rows and attends (:func:`paged_attention`, the
+    reference); ``"triton"`` reads them in place with :func:`~minikv.kernels.paged_attention.paged_decode_attention`
+    (compiled on a GPU, interpreted on a CPU); ``"auto"`` takes the kernel for CUDA tensors and the
+    gather path on a CPU, where the interpreter would be slow. Returns ``(batch, heads * head_dim)``.
+    """
+    if backend not in DECODE_BACKENDS:
+        raise ArgumentError(f"attention_backend must be one of {DECODE_BACKENDS}, got {backend!r}")
+    if backend == "gather" or (backend == "auto" and not q.is_cuda):
+        rows = [paged_attention(q[b : b + 1], kv_cache, layer, t, q_start=len(t) - 1) for b, t in enumerate(tables)]
+        return torch.cat(rows)
+    lens = torch.tensor([len(table) for table in tables], device=q.device)
+    table = torch.nn.utils.rnn.pad_sequence([t.to(torch.int64) for t in tables], batch_first=True)
+    return paged_decode_attention(q, kv_cache.k_cache(layer), kv_cache.v_cache(layer), table, lens)

@@ -26,7 +26,7 @@ from .._validate import as_count, as_token_ids
 from ..base import BaseKVCache
 from ..errors import ArgumentError, ArgumentTypeError
 from ..kernels.store import BACKENDS, store_cache
-from .attention import causal_attention, paged_attention
+from .attention import causal_attention, decode_attention, paged_attention
 
 TokenInput = torch.Tensor | Sequence[int]
 
@@ -151,6 +151,7 @@ class PagedDecoder:
         kv_cache: BaseKVCache,
         out_loc: torch.Tensor,
         slots: Sequence[torch.Tensor],
+        attention_backend: str = "auto",
     ) -> torch.Tensor:
         """Logits ``(batch, vocab_size)`` for one new token per request of a decode batch.
 
@@ -159,7 +160,9 @@ class PagedDecoder:
         ``slots[b]``: the slots of that request's tokens ``0..positions[b]``, in
         order, the last one being ``out_loc[b]`` (a server's ``req_to_token`` row).
         The batch shares every matrix multiply; only attention runs per request,
-        over that request's own slots (real servers do this in one varlen kernel).
+        over that request's own slots: on a GPU in one launch of the paged-attention
+        kernel, which reads the pages in place (``attention_backend``: see
+        :func:`~minikv.models.decode_attention`).
         """
         ids = self.check_token_ids(input_ids)
         self.check_cache(kv_cache)
@@ -178,11 +181,7 @@ class PagedDecoder:
         for layer in range(self.num_layers):
             q, k, v = self.layer_qkv(x, layer, position_ids)
             kv_cache.store_kv(k, v, out_loc, layer)  # every request's new row, in one store
-            attention = [
-                paged_attention(q[b : b + 1], kv_cache, layer, table, q_start=starts[b])
-                for b, table in enumerate(tables)
-            ]
-            x = self.finish_layer(x, torch.cat(attention), layer)
+            x = self.finish_layer(x, decode_attention(q, kv_cache, layer, tables, attention_backend), layer)
         return self.logits(x)
 
     # -- the layer: what a subclass defines ------------------------------------------------------
