@@ -36,7 +36,7 @@ TEST_SUBJECTS: dict[str, tuple[str, ...]] = {
     # test file stem -> the minikv modules it is the own test of (when its name does not say it)
     "test_store_kernel": ("minikv.kernels.store",),
     "test_kernel_compile": ("minikv.kernels",),
-    "test_integrity_mutations": ("minikv.radix_manager",),  # corrupts a radix tree's internals on purpose
+    "test_integrity_mutations": ("minikv.radix_manager", "minikv.integrity"),  # corrupts a tree's internals on purpose
     "test_base_and_naive": ("minikv.base", "minikv.naive_manager"),
 }
 

@@ -9,9 +9,9 @@ Importing this package does not import Triton: the kernel is handed to Triton wh
 is first launched.
 """
 
+from .._validate import as_device
 from .devices import (
     TRITON_MISSING,
-    as_device,
     interpreted,
     require_triton,
     triton_interpreter_requested,
