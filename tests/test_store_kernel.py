@@ -32,6 +32,7 @@ from minikv.kernels import (
     triton_interpreter_requested,
     use_interpreter_without_cuda,
 )
+from minikv.kernels import checks as checks_module
 from minikv.kernels import store as store_module
 from minikv.kernels.cpu_copy import slot_runs
 
@@ -469,7 +470,7 @@ def test_the_host_check_of_device_slots_makes_one_transfer() -> None:
     # check_slots' path for CUDA slots, run on CPU slots: one transfer of three numbers, whatever the verdict.
     for slots, verdict in (([5, 1, 9, 2], (1, 9, False)), ([4, 4], (4, 4, True)), ([-3, 7], (-3, 7, False))):
         with CountTransfers() as counted:
-            got = store_module._slot_verdict_on_device(torch.tensor(slots))
+            got = checks_module._slot_verdict_on_device(torch.tensor(slots))
         assert counted.calls == ["tolist"]
         assert got == verdict
 

@@ -1,6 +1,7 @@
 """The store kernel and where it runs.
 
-* ``minikv.kernels.store``: the Triton kernel, its launcher, the checks and :func:`~minikv.store_cache`;
+* ``minikv.kernels.store``: the Triton kernel, its launcher, :func:`~minikv.store_cache` and its reference;
+* :mod:`minikv.kernels.checks`: every check ``store_cache`` makes before it writes;
 * :mod:`minikv.kernels.cpu_copy`: the plain-torch copy that ``backend="torch"`` runs;
 * ``minikv.kernels.devices``: the rule for where a kernel runs (compiled on CUDA
   tensors, interpreted on CPU tensors), with no environment variable set at import.
@@ -10,6 +11,7 @@ is first launched.
 """
 
 from .._validate import as_device
+from .checks import check_slots, check_store_arguments
 from .devices import (
     TRITON_MISSING,
     interpreted,
@@ -22,8 +24,6 @@ from .store import (
     SLOT_CHECKS,
     SUPPORTED_DTYPES,
     StoreLaunch,
-    check_slots,
-    check_store_arguments,
     launch_store_kernel,
     plan_store_launch,
     store_cache,
