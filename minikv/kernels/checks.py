@@ -124,7 +124,10 @@ def check_devices(named: Sequence[tuple[str, torch.Tensor]]) -> None:
 def check_error_flag(
     error_flag: torch.Tensor | None, backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor
 ) -> None:
-    """For ``slot_check="kernel"``: the Triton kernel, and a dense int32 counter on the cache's device."""
+    """For ``slot_check="kernel"``: the Triton kernel, and a dense int32 counter of its own on the cache's device.
+
+    A counter in the cache's memory would have the kernel write its count into a cache row no slot named.
+    """
     if backend == "torch":
         raise ArgumentError("slot_check='kernel' needs the Triton kernel: use backend 'triton' or 'auto'")
     if not isinstance(error_flag, torch.Tensor):
@@ -137,6 +140,11 @@ def check_error_flag(
         )
     if error_flag.device != k_cache.device:
         raise DeviceMismatchError(f"error_flag is on {error_flag.device}, but k_cache is on {k_cache.device}")
+    first = error_flag.data_ptr()  # the kernel adds its count to the first element only
+    flag_range = (first, first + error_flag.element_size())
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if overlap(flag_range, memory_range(cache)):
+            raise ArgumentError(f"error_flag shares memory with {name}: give the kernel a counter of its own")
 
 
 def check_no_overlap(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
