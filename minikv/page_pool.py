@@ -112,7 +112,7 @@ class PagePool:
         them. Freeing a page that is already free, or the same page twice, raises
         :class:`~minikv.errors.DoubleFreeError`; any refused call frees nothing.
         """
-        array = as_slot_array(slots, name="slots", below=self.num_slots)
+        array = as_slot_array(slots, name="slots", below=self.num_slots).astype(np.intp)  # NumPy indexes with intp
         if array.size == 0:
             return
         pages = self._pages_of(array)

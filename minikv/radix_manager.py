@@ -4,7 +4,7 @@ Read this file beside chapter 5. The order is the order of the chapter:
 the node (``RadixTreeNode``, ``get_match_len``, ``split_at``) and the key comparisons
 (``child_key``, ``match_len``, ``key_matches_at``), the handle (``RadixCacheHandle``),
 then the manager: its clock (``clock``, ``tick``), the walk (``walk``, made of ``find``,
-which looks, and ``commit``, which stamps and splits), ``match_prefix``, ``insert_prefix``,
+which looks, and ``commit``, which splits and stamps), ``match_prefix``, ``insert_prefix``,
 ``lock_handle``, ``evict``, ``size_info``, ``check_integrity``, ``reset``; the readers
 the chapter uses along the way (``nodes``, ``path_of``, ``evictable_leaves``,
 ``held_slot_mask``); last, the bookkeeping the methods share.
@@ -235,7 +235,7 @@ class RadixCacheManager(BaseCacheManager):
         self._clock += 1
         return self._clock
 
-    # -- the walk: find (looks), then commit (stamps and splits) ---------------
+    # -- the walk: find (looks), then commit (splits and stamps) ---------------
 
     def walk(self, input_ids: TokenIds) -> tuple[RadixTreeNode, int]:
         """Descend from the root along ``input_ids``; return the deepest node reached and the matched length.
@@ -245,26 +245,25 @@ class RadixCacheManager(BaseCacheManager):
         With ``page_size > 1`` matching goes a whole page at a time.
 
         A walk has two halves: :meth:`find` looks (and changes nothing), :meth:`commit`
-        stamps the path and splits. ``insert_prefix`` checks its slots between the two.
+        splits and stamps. ``insert_prefix`` checks its slots between the two.
         """
-        path, prefix_len, cut = self.find(as_token_ids(input_ids))
-        return self.commit(path, cut), prefix_len
+        node, prefix_len, cut = self.find(as_token_ids(input_ids))
+        return self.commit(node, cut), prefix_len
 
     def find(
         self, ids: np.ndarray, node: RadixTreeNode | None = None, prefix_len: int = 0
-    ) -> tuple[list[RadixTreeNode], int, Cut]:
+    ) -> tuple[RadixTreeNode, int, Cut]:
         """The read-only half of a walk: how far the tree matches ``ids``.
 
         ``ids`` is a 1-D int64 NumPy array (as ``as_token_ids`` makes it).
         The search starts at ``node`` (the root by default), which matched ``ids[:prefix_len]``.
-        Returns the path (``node``, then every node below it matched whole), the matched
-        length, and the cut: ``(child, tokens of it matched)`` when the match ends inside a
-        child, else ``None``. Changes nothing.
+        Returns the deepest node matched whole, the matched length, and the cut:
+        ``(child, tokens of it matched)`` when the match goes on inside a child of that
+        node, else ``None``. Changes nothing.
         """
         node = self.root_node if node is None else node
         end = len(ids) - len(ids) % self.page_size  # whole pages only
         tokens = ids[:end].tobytes()  # once per walk: each key is compared with it in place
-        path = [node]
         while prefix_len < end:
             child = node.children.get(child_key(ids, self.page_size, prefix_len))
             if child is None:
@@ -272,30 +271,28 @@ class RadixCacheManager(BaseCacheManager):
             if not key_matches_at(tokens, child.key, prefix_len):
                 matched = child.get_match_len(ids[prefix_len:end])
                 matched -= matched % self.page_size  # the match ends inside this child, after whole pages
-                return path, prefix_len + matched, (child, matched)
+                return node, prefix_len + matched, (child, matched)
             node = child
-            path.append(node)
             prefix_len += node.length
-        return path, prefix_len, None
+        return node, prefix_len, None
 
-    def commit(self, path: list[RadixTreeNode], cut: Cut) -> RadixTreeNode:
-        """The changing half of a walk: one tick, the matched path stamped, the cut child split.
+    def commit(self, node: RadixTreeNode, cut: Cut) -> RadixTreeNode:
+        """The changing half of a walk: one tick, the cut child split, the matched path stamped.
 
-        ``path`` starts at the root, as :meth:`find` returns it from the root. Returns the
-        node where the match ends: the last node of the path, or the upper half of the split.
+        Returns the node where the match ends: ``node``, or the upper half of the split.
+        It and every node above it get the current time.
         """
         now = self.tick()
-        for node in path[1:]:
+        if cut is not None:
+            node = cut[0].split_at(cut[1], self.page_size)
+            self._num_nodes += 1
+        end = node
+        while node.parent is not None:
             node.timestamp = now
             if node.ref_count == 0 and not node.children:
                 self._push_evictable(node)  # a used leaf moves to the back of the LRU queue
-        if cut is None:
-            return path[-1]
-        child, matched = cut
-        upper = child.split_at(matched, self.page_size)
-        upper.timestamp = now
-        self._num_nodes += 1
-        return upper
+            node = node.parent
+        return end
 
     # -- the public interface ----------------------------------------------
 
@@ -308,13 +305,13 @@ class RadixCacheManager(BaseCacheManager):
     def insert_prefix(self, input_ids: TokenIds, indices: TokenIds, *, handle: BaseCacheHandle | None = None) -> int:
         ids = as_token_ids(input_ids)
         slots = as_slot_array(indices, self.device, length=len(ids))
-        above = [self.root_node] if handle is None else self._path_to_handle(handle, ids)
-        path, prefix_len, cut = self.find(ids, above[-1], 0 if handle is None else handle.cached_len)
+        start, start_len = (self.root_node, 0) if handle is None else self._start_at(handle, ids)
+        node, prefix_len, cut = self.find(ids, start, start_len)
         end = len(ids) - len(ids) % self.page_size
         new_slots = slots[prefix_len:end]
         check_new_slots(new_slots, self._slot_held, self.page_size)
         # Nothing was changed before this line, so a refused call changed nothing.
-        node = self.commit(above[:-1] + path, cut)
+        node = self.commit(node, cut)
         if len(new_slots):
             self._add_leaf(node, ids[prefix_len:end], new_slots)
         return prefix_len
@@ -425,8 +422,8 @@ class RadixCacheManager(BaseCacheManager):
 
     # -- bookkeeping --------------------------------------------------------
 
-    def _path_to_handle(self, handle: BaseCacheHandle, ids: np.ndarray) -> list[RadixTreeNode]:
-        """The root-first path to ``handle``'s node, once the handle is proven to be a locked match of ``ids``.
+    def _start_at(self, handle: BaseCacheHandle, ids: np.ndarray) -> tuple[RadixTreeNode, int]:
+        """Where an insert may start: ``handle``'s node and length, once proven a locked match of ``ids``.
 
         Walking up from its node proves it is in this tree; comparing each key on the path
         proves its tokens are the first ``cached_len`` of ``ids``. A walk from its node then
@@ -435,17 +432,15 @@ class RadixCacheManager(BaseCacheManager):
         path = self.path_of(handle)
         if path and path[0].ref_count <= 0:
             raise LockError(f"handle: {path[0]!r} is not locked; pass the handle of your own locked match")
-        path.append(self.root_node)
-        path.reverse()
         check_cached_len(handle.cached_len, len(ids), self.page_size)
         tokens, offset = ids[: handle.cached_len].tobytes(), 0
-        for node in path[1:]:
+        for node in reversed(path):
             if not key_matches_at(tokens, node.key, offset):
                 raise ArgumentError(f"handle: its tokens are not a prefix of input_ids (they differ in {node!r})")
             offset += node.length
         if offset != handle.cached_len:
             raise ArgumentError(f"handle: cached_len is {handle.cached_len}, but its path holds {offset} tokens")
-        return path
+        return self.root_node if not path else path[0], handle.cached_len
 
     def _add_leaf(self, parent: RadixTreeNode, ids: np.ndarray, slots: np.ndarray) -> None:
         """Hang a new unlocked leaf with these tokens and slots under ``parent`` (copies of both)."""
@@ -455,12 +450,13 @@ class RadixCacheManager(BaseCacheManager):
         leaf.set_parent(parent, self.page_size)
         self._num_nodes += 1
         self.evictable_size += leaf.length
-        largest = int(np.maximum.reduce(slots))
-        if largest >= len(self._slot_held):  # grow the record, doubling, so rarely
-            grown = np.zeros(max(largest + 1, 2 * len(self._slot_held)), dtype=bool)
+        try:
+            self._slot_held[slots] = True
+        except IndexError:  # a slot past the end of the record: grow it, doubling, so rarely
+            grown = np.zeros(max(int(slots.max()) + 1, 2 * len(self._slot_held)), dtype=bool)
             grown[: len(self._slot_held)] = self._slot_held
             self._slot_held = grown
-        self._slot_held[slots] = True
+            self._slot_held[slots] = True
         self._push_evictable(leaf)  # the parent's heap entry, if it had one, is stale now: it has a child
 
     def _remove_leaf(self, node: RadixTreeNode) -> torch.Tensor:
