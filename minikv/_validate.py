@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError
+from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, MiniKVError, SlotIndexError
 
 INTEGER_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 """The torch dtypes accepted for token ids and slot indices."""
@@ -42,41 +42,56 @@ IntegerSequence = torch.Tensor | np.ndarray | Sequence[int]
 """What :func:`as_token_ids` and :func:`as_slot_array` accept (``base.TokenIds`` is the same)."""
 
 
-def canonical_device(device: torch.device | str) -> torch.device:
-    """The device as tensors report it: ``"cuda"`` becomes ``cuda:<current>``, ``"cpu:0"`` becomes ``cpu``.
+CACHE_DEVICE_TYPES = ("cpu", "cuda", "meta")
+"""The devices a KV cache may live on (``meta`` to size one without memory)."""
 
-    Tensors always carry the full name, so a manager created with ``"cuda"`` must
-    compare equal to the ``cuda:0`` of every tensor it makes. A device that this
-    machine does not have (``"cuda"`` without CUDA, ``"cuda:7"`` on one GPU) is refused here,
-    with an :class:`~minikv.errors.ArgumentError` that names it.
+
+def as_device(device: torch.device | str, name: str = "device", *, cache: bool = False) -> torch.device:
+    """``device`` as tensors report it, once it is known to exist on this machine; else an error naming ``name``.
+
+    ``"cuda"`` becomes ``cuda:<current>`` and ``"cpu:0"`` becomes ``cpu``: tensors always carry
+    the full name, so a manager created with ``"cuda"`` compares equal to the ``cuda:0`` of
+    every tensor it makes. Refused, before any memory is allocated: what is not a string or a
+    :class:`torch.device`, names torch does not know (``"gpu"``), ``"cuda"`` on a machine without
+    CUDA, ``"cuda:3"`` on a machine with two GPUs, and a device that cannot hold tensors here.
+    With ``cache=True`` only ``CACHE_DEVICE_TYPES`` are accepted: ``"meta"`` gives a cache
+    shapes and sizes but no data (``store_cache`` refuses it).
     """
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentTypeError(f"{name} must be a torch.device or a string such as 'cpu', got {type(device).__name__}")
     try:
-        device = torch.device(device)
+        parsed = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ArgumentError(f"device: {error}") from None
-    if device.type == "cpu":
+        raise ArgumentError(f"{name}: {device!r} is not a device torch knows ({error})") from None
+    if cache and parsed.type not in CACHE_DEVICE_TYPES:
+        raise ArgumentError(
+            f"{name} is {device!r}: minikv stores its caches on 'cpu' or 'cuda' (or 'meta', to size them)"
+        )
+    if parsed.type == "cpu":
         return torch.device("cpu")
-    if device.type == "cuda":
+    if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise ArgumentError(f"device: {str(device)!r} was asked for, but CUDA is not available on this machine")
-        index = torch.cuda.current_device() if device.index is None else device.index
+            raise ArgumentError(f"{name} is {device!r}, but CUDA is not available on this machine")
+        index = torch.cuda.current_device() if parsed.index is None else parsed.index
         if index >= torch.cuda.device_count():
-            raise ArgumentError(
-                f"device: {str(device)!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
+            count = torch.cuda.device_count()
+            raise ArgumentError(f"{name} is {device!r}, but this machine has {count} CUDA device(s)")
         return torch.device("cuda", index)
     try:
-        torch.empty(0, device=device)
+        torch.empty(0, device=parsed)
     except (RuntimeError, TypeError, NotImplementedError) as error:
-        raise ArgumentError(f"device: {str(device)!r} cannot hold tensors here ({error})") from None
-    return device
+        raise ArgumentError(f"{name} is {device!r}, which cannot hold tensors here ({error})") from None
+    return parsed
 
 
-def as_integer_array(value: IntegerSequence, name: str, what: str = "an int") -> np.ndarray:
+def as_integer_array(
+    value: IntegerSequence, name: str, what: str = "an int", too_big: type[MiniKVError] = ArgumentError
+) -> np.ndarray:
     """Any accepted integer sequence as a 1-D NumPy integer array, in its own dtype (a view where possible).
 
     Refuses, naming ``name``: other types, other dtypes, other shapes, sparse and meta tensors.
-    Does not check the range of the values: :func:`as_token_ids` and :func:`as_slot_array` do.
+    Does not check the range of the values: :func:`as_token_ids` and :func:`as_slot_array` do. A list
+    holding an int past ``int64`` is refused with ``too_big``.
     """
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
@@ -100,7 +115,7 @@ def as_integer_array(value: IntegerSequence, name: str, what: str = "an int") ->
         try:
             return np.asarray(value, dtype=np.int64).reshape(-1)
         except OverflowError:
-            raise ArgumentError(f"{name}: {what} does not fit in int64") from None
+            raise too_big(f"{name}: {what} does not fit in int64") from None
     raise ArgumentTypeError(
         f"{name} must be a 1-D integer tensor, a NumPy integer array or a list of ints, got {type(value).__name__}"
     )
@@ -115,27 +130,47 @@ def as_token_ids(value: IntegerSequence, name: str = "input_ids") -> np.ndarray:
     array = as_integer_array(value, name, "a token id")
     if array.dtype == INT64:
         return array
+    check_fits_int64(array, name)
+    return array.astype(INT64)
+
+
+def check_fits_int64(array: np.ndarray, name: str) -> None:
+    """Refuse a ``uint64`` id of ``2**63`` or more: cast to ``int64`` it would wrap to a negative id."""
     if array.dtype == np.uint64 and array.size and int(np.maximum.reduce(array)) > _INT64_MAX:
         raise ArgumentError(
             f"{name}: token id {int(np.maximum.reduce(array))} does not fit in int64 (it would wrap to a negative id)"
         )
-    return array.astype(INT64)
 
 
-def as_slot_array(value: IntegerSequence, device: torch.device, name: str = "indices") -> np.ndarray:
+def as_slot_array(
+    value: IntegerSequence,
+    device: torch.device | None = None,
+    name: str = "indices",
+    *,
+    length: int | None = None,
+    below: int | None = None,
+) -> np.ndarray:
     """Slot indices as a 1-D int32 NumPy array, checked: integers, 1-D, none negative, all below ``2**31``.
 
-    A tensor must be on ``device``; NumPy arrays and lists are host data and fit any device.
+    The one rule for slots, for the managers and the page pool. A tensor must be on ``device``
+    (any device when ``None``); NumPy arrays and lists are host data and fit any device. With
+    ``length``, there must be that many slots, one per token of ``input_ids``. With ``below``
+    (a pool's size), a slot outside ``[0, below)`` is a :class:`~minikv.errors.SlotIndexError`.
     The range is checked in the caller's dtype, before any cast to int32 could wrap a bad slot
     round to a valid-looking one. For a CPU int32 tensor or array the result is a view, not a
     copy: keep a copy of what you keep.
     """
-    if isinstance(value, torch.Tensor) and value.device != device and value.layout == torch.strided:
-        raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")
-    array = as_integer_array(value, name, "a slot index")
+    elsewhere = isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device != device
+    if device is not None and elsewhere:
+        raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")  # type: ignore[union-attr]
+    array = as_integer_array(value, name, "a slot index", ArgumentError if below is None else SlotIndexError)
+    if length is not None and len(array) != length:
+        raise ArgumentError(f"input_ids has {length} tokens but {name} has {len(array)} slots")
     if array.size == 0:
         return array.astype(INT32, copy=False)
-    if array.dtype.kind == "i" and int(np.minimum.reduce(array)) < 0:
+    if below is not None:
+        check_slot_range(array, below, name)
+    elif array.dtype.kind == "i" and int(np.minimum.reduce(array)) < 0:
         raise ArgumentError(f"{name} must not contain negative slot indices")
     if array.dtype != INT32:
         largest = int(np.maximum.reduce(array))
@@ -143,6 +178,42 @@ def as_slot_array(value: IntegerSequence, device: torch.device, name: str = "ind
             raise ArgumentError(f"{name}: slot {largest} does not fit in int32")
         array = array.astype(INT32)
     return array
+
+
+def check_slot_range(slots: np.ndarray, below: int, name: str) -> None:
+    """Every slot in ``[0, below)``, or a :class:`~minikv.errors.SlotIndexError` naming the first outside."""
+    if int(np.minimum.reduce(slots)) < 0 or int(np.maximum.reduce(slots)) >= below:
+        bad = slots[(slots < 0) | (slots >= below)][0]
+        raise SlotIndexError(f"{name}: slot {int(bad)} is outside [0, {below})")
+
+
+def check_new_slots(slots: np.ndarray, held: np.ndarray, page_size: int, name: str = "indices") -> None:
+    """Slots a new leaf can own: none listed twice, none the tree holds (``held[s]``), whole pages in order."""
+    if slots.size == 0:
+        return
+    ordered = np.sort(slots)
+    if np.count_nonzero(ordered[1:] == ordered[:-1]):
+        raise ArgumentError(f"{name}: the same slot is listed twice among the tokens to insert")
+    if ordered[-1] < len(held):
+        taken = held[slots]
+    else:  # slots past the end of the record are not held
+        taken = slots < len(held)
+        taken[taken] = held[slots[taken]]
+    if np.count_nonzero(taken):
+        raise ArgumentError(f"{name}: slot {int(slots[taken][0])} is already held by another node of the tree")
+    if page_size > 1:
+        firsts = slots[::page_size]
+        whole_pages = (firsts[:, None] + np.arange(page_size, dtype=INT32)).reshape(-1)
+        if np.count_nonzero(firsts % page_size) or not np.array_equal(whole_pages, slots):
+            raise ArgumentError(
+                f"{name}: with page_size {page_size}, each page of tokens must get one whole page of slots"
+            )
+
+
+def check_cached_len(cached_len: int, num_tokens: int, page_size: int) -> None:
+    """A handle's ``cached_len`` can be a match of ``num_tokens`` ids: no longer than them, whole pages."""
+    if cached_len > num_tokens or cached_len % page_size:
+        raise ArgumentError(f"handle: cached_len {cached_len} cannot be a match of these {num_tokens} ids")
 
 
 def as_count(value: object, name: str) -> int:

@@ -44,15 +44,10 @@ _INT64 = (-(2**63), 2**63)
 def _as_token_list(value: object, name: str) -> list[int]:
     """Token ids as a list of Python ints, each fitting the 8 bytes (int64) the hash reads.
 
-    A NumPy ``uint64`` id of ``2**63`` or more is refused, like the same id in a
-    list: cast to int64 it would wrap to a negative id and hash like another token.
+    A NumPy ``uint64`` id of ``2**63`` or more is refused (by ``as_token_ids``), like the same id in
+    a list: cast to int64 it would wrap to a negative id and hash like another token.
     """
-    if isinstance(value, np.ndarray) and value.dtype == np.uint64 and np.any(value > _INT64[1] - 1):
-        raise ArgumentError(f"{name} must hold ids that fit in 64 bits (int64)")
-    try:
-        array = as_token_ids(value, name)  # type: ignore[arg-type]
-    except OverflowError:
-        raise ArgumentError(f"{name} must hold ids that fit in 64 bits") from None
+    array = as_token_ids(value, name)  # type: ignore[arg-type]
     tokens: list[int] = array.tolist()
     return tokens
 

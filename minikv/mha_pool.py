@@ -61,7 +61,7 @@ class MHAKVCache(BaseKVCache):
             raise ArgumentTypeError(f"dtype must be one of float32/float16/bfloat16, got {dtype}")
         if not isinstance(kv_layout, KVCacheLayout):
             raise ArgumentTypeError(f"kv_layout must be a KVCacheLayout, got {type(kv_layout).__name__}")
-        device = as_device(device, "device")
+        device = as_device(device, "device", cache=True)
         self.num_kv_heads = num_kv_heads
         self.local_kv_heads = num_kv_heads // self.tp_size
         self.kv_layout = kv_layout

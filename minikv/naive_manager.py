@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import as_count, as_slot_array, as_token_ids, canonical_device
+from ._validate import as_count, as_device, as_slot_array, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo, TokenIds
-from .errors import ArgumentError, ArgumentTypeError, EvictionUnsupportedError
+from .errors import ArgumentTypeError, EvictionUnsupportedError
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class NaiveCacheHandle(BaseCacheHandle):
 
 class NaiveCacheManager(BaseCacheManager):
     def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.device = canonical_device(device)
+        self.device = as_device(device)
         self.page_size = 1
         # Created once on the right device with the right dtype, as the notes teach. Every empty
         # result is a new tensor made from it: one shared result could be resized by one caller,
@@ -39,9 +39,7 @@ class NaiveCacheManager(BaseCacheManager):
 
     def insert_prefix(self, input_ids: TokenIds, indices: TokenIds, *, handle: BaseCacheHandle | None = None) -> int:
         ids = as_token_ids(input_ids)
-        slots = as_slot_array(indices, self.device)
-        if len(ids) != len(slots):
-            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
+        slots = as_slot_array(indices, self.device, length=len(ids))
         if handle is not None:
             self._check_handle(handle)
         # "Everything is already cached": the caller frees indices[0:len], i.e. all of them.

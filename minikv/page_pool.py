@@ -7,17 +7,12 @@ pool, owned by the cache manager's tree, or held by a running request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 
-from ._validate import as_count, as_positive, canonical_device
+from ._validate import IntegerSequence, as_count, as_device, as_positive, as_slot_array
 from .base import BaseCacheManager
-from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError, SlotIndexError
-
-_SLOT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-"""The integer tensor dtypes accepted as slots: the ones the managers accept."""
+from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError
 
 
 class PagePool:
@@ -31,7 +26,7 @@ class PagePool:
     def __init__(self, num_pages: int, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.num_pages = as_positive(num_pages, "num_pages")
         self.page_size = as_positive(page_size, "page_size")
-        self.device = canonical_device(device)
+        self.device = as_device(device)
         # The free pages as a stack: entries [0, _num_free) are free, and the
         # last of them, _free_stack[_num_free - 1], is the next to hand out.
         self._free_stack = np.arange(self.num_pages - 1, -1, -1, dtype=np.int64)
@@ -109,7 +104,7 @@ class PagePool:
         self._page_is_free[pages] = False
         return slots
 
-    def free(self, slots: torch.Tensor | Sequence[int]) -> None:
+    def free(self, slots: IntegerSequence) -> None:
         """Return the pages these slots belong to.
 
         ``slots`` must be whole pages, each page's slots in order (the last page
@@ -117,7 +112,7 @@ class PagePool:
         them. Freeing a page that is already free, or the same page twice, raises
         :class:`~minikv.errors.DoubleFreeError`; any refused call frees nothing.
         """
-        array = self._as_slot_array(slots)
+        array = as_slot_array(slots, name="slots", below=self.num_slots).astype(np.intp)  # NumPy indexes with intp
         if array.size == 0:
             return
         pages = self._pages_of(array)
@@ -177,30 +172,6 @@ class PagePool:
         if held_and_free.any():
             slot = int(held_and_free.argmax()) * self.page_size
             raise ArgumentError(f"evict_from: the manager holds slot {slot}, which is free in this pool")
-
-    def _as_slot_array(self, slots: torch.Tensor | Sequence[int]) -> np.ndarray:
-        """The slots as a fresh 1-D int64 array, each checked to lie in ``[0, num_slots)``."""
-        if isinstance(slots, torch.Tensor):
-            if slots.dtype not in _SLOT_DTYPES:
-                raise ArgumentTypeError(f"slots must be an integer tensor, got {slots.dtype}")
-            if slots.dim() != 1:
-                raise ArgumentError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
-            if slots.is_meta:
-                raise ArgumentError("slots is a meta tensor: it has a shape but no values")
-            array = slots.cpu().numpy().astype(np.int64)  # integer tensors carry no autograd history
-        elif isinstance(slots, (list, tuple)):
-            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in slots):
-                raise ArgumentTypeError("slots must contain only ints")
-            for x in slots:
-                if not 0 <= x < self.num_slots:
-                    raise SlotIndexError(f"slots: slot {x} is outside [0, {self.num_slots})")
-            array = np.array(slots, dtype=np.int64).reshape(-1)
-        else:
-            raise ArgumentTypeError(f"slots must be a tensor or a list of ints, got {type(slots).__name__}")
-        if array.size and (array.min() < 0 or array.max() >= self.num_slots):
-            bad = array[(array < 0) | (array >= self.num_slots)][0]
-            raise SlotIndexError(f"slots: slot {int(bad)} is outside [0, {self.num_slots})")
-        return array
 
     def _slots_of_pages(self, pages: np.ndarray) -> np.ndarray:
         """Every slot of ``pages``, page by page."""

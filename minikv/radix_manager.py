@@ -1,11 +1,16 @@
 """``RadixCacheManager``: share KV slots between requests whose prompts share a prefix.
 
 Read this file beside chapter 5. The order is the order of the chapter:
-the node (``RadixTreeNode``, ``get_match_len``, ``split_at``), the handle
-(``RadixCacheHandle``), then the manager: its clock (``clock``, ``tick``), the walk
-(``walk``, made of ``find`` and ``commit``), ``match_prefix``, ``insert_prefix``,
-``lock_handle``, ``evict``, ``reset``, ``size_info``; the readers the chapter uses
-along the way (``nodes``, ``path_of``, ``evictable_leaves``) and ``held_slot_mask``; ``check_integrity``.
+the node (``RadixTreeNode``, ``get_match_len``, ``split_at``) and the key comparisons
+(``child_key``, ``match_len``, ``key_matches_at``), the handle (``RadixCacheHandle``),
+then the manager: its clock (``clock``, ``tick``), the walk (``walk``, made of ``find``,
+which looks, and ``commit``, which splits and stamps), ``match_prefix``, ``insert_prefix``,
+``lock_handle``, ``evict``, ``size_info``, ``check_integrity``, ``reset``; the readers
+the chapter uses along the way (``nodes``, ``path_of``, ``evictable_leaves``,
+``held_slot_mask``); last, the bookkeeping the methods share.
+
+Two concerns live elsewhere, each in one place: the argument checks in ``minikv._validate``,
+and the invariants ``check_integrity`` checks, one function each, in :mod:`minikv.integrity`.
 
 Where this differs from the code the notes study (mini-sglang's old
 ``radix_manager.py``), it is on purpose:
@@ -31,7 +36,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validate import INT32, INT64, as_count, as_positive, as_slot_array, as_token_ids, canonical_device
+from . import integrity
+from ._validate import (
+    INT64,
+    as_count,
+    as_device,
+    as_positive,
+    as_slot_array,
+    as_token_ids,
+    check_cached_len,
+    check_new_slots,
+)
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo, TokenIds
 from .errors import (
     ArgumentError,
@@ -190,7 +205,7 @@ class RadixCacheManager(BaseCacheManager):
     """Prefix cache as a radix tree over token ids, with LRU eviction of unlocked leaves."""
 
     def __init__(self, device: torch.device | str = "cpu", page_size: int = 1) -> None:
-        self.device = canonical_device(device)
+        self.device = as_device(device)
         self.page_size = as_positive(page_size, "page_size")
         # The notes' pre-created empty result: the template of every empty result (which
         # is a fresh tensor each time, so a caller that resizes its result changes nothing).
@@ -220,7 +235,7 @@ class RadixCacheManager(BaseCacheManager):
         self._clock += 1
         return self._clock
 
-    # -- walking the tree -------------------------------------------------
+    # -- the walk: find (looks), then commit (splits and stamps) ---------------
 
     def walk(self, input_ids: TokenIds) -> tuple[RadixTreeNode, int]:
         """Descend from the root along ``input_ids``; return the deepest node reached and the matched length.
@@ -230,110 +245,75 @@ class RadixCacheManager(BaseCacheManager):
         With ``page_size > 1`` matching goes a whole page at a time.
 
         A walk has two halves: :meth:`find` looks (and changes nothing), :meth:`commit`
-        stamps the path and splits. ``insert_prefix`` checks its slots between the two.
+        splits and stamps. ``insert_prefix`` checks its slots between the two.
         """
-        ids = as_token_ids(input_ids)
-        path, prefix_len, cut = self.find(ids)
-        return self.commit(path, cut), prefix_len
+        node, prefix_len, cut = self.find(as_token_ids(input_ids))
+        return self.commit(node, cut), prefix_len
 
     def find(
         self, ids: np.ndarray, node: RadixTreeNode | None = None, prefix_len: int = 0
-    ) -> tuple[list[RadixTreeNode], int, Cut]:
+    ) -> tuple[RadixTreeNode, int, Cut]:
         """The read-only half of a walk: how far the tree matches ``ids``.
 
         ``ids`` is a 1-D int64 NumPy array (as ``as_token_ids`` makes it).
         The search starts at ``node`` (the root by default), which matched ``ids[:prefix_len]``.
-        Returns the path (``node``, then every node below it matched whole), the matched
-        length, and the cut: ``(child, tokens of it matched)`` when the match ends inside a
-        child, else ``None``. Changes nothing.
+        Returns the deepest node matched whole, the matched length, and the cut:
+        ``(child, tokens of it matched)`` when the match goes on inside a child of that
+        node, else ``None``. Changes nothing.
         """
-        page_size = self.page_size
         node = self.root_node if node is None else node
-        end = len(ids) - len(ids) % page_size
-        path = [node]
-        start = prefix_len
-        rest = ids[start:end].tobytes()  # the tokens still to match, as bytes
+        end = len(ids) - len(ids) % self.page_size  # whole pages only
+        tokens = ids[:end].tobytes()  # once per walk: each key is compared with it in place
         while prefix_len < end:
-            child = node.children.get(child_key(ids, page_size, prefix_len))
+            child = node.children.get(child_key(ids, self.page_size, prefix_len))
             if child is None:
                 break
-            if key_matches_at(rest, child.key, prefix_len - start):
-                node = child  # the whole key matched: go on below it
-                path.append(node)
-                prefix_len += node.length
-                continue
-            # The match ends inside this child (at least its first page matched).
-            matched = child.get_match_len(ids[prefix_len:end])
-            matched -= matched % page_size
-            return path, prefix_len + matched, (child, matched)
-        return path, prefix_len, None
+            if not key_matches_at(tokens, child.key, prefix_len):
+                matched = child.get_match_len(ids[prefix_len:end])
+                matched -= matched % self.page_size  # the match ends inside this child, after whole pages
+                return node, prefix_len + matched, (child, matched)
+            node = child
+            prefix_len += node.length
+        return node, prefix_len, None
 
-    def commit(self, path: list[RadixTreeNode], cut: Cut) -> RadixTreeNode:
-        """The changing half of a walk: one tick, the matched path stamped, the cut child split.
+    def commit(self, node: RadixTreeNode, cut: Cut) -> RadixTreeNode:
+        """The changing half of a walk: one tick, the cut child split, the matched path stamped.
 
-        ``path`` starts at the root, as :meth:`find` returns it from the root. Returns the
-        node where the match ends: the last node of the path, or the upper half of the split.
+        Returns the node where the match ends: ``node``, or the upper half of the split.
+        It and every node above it get the current time.
         """
         now = self.tick()
-        for node in path[1:]:
-            self._touch(node, now)
-        if cut is None:
-            return path[-1]
-        child, matched = cut
-        upper = child.split_at(matched, self.page_size)
-        self._num_nodes += 1
-        upper.timestamp = now
-        return upper
-
-    def _touch(self, node: RadixTreeNode, now: int) -> None:
-        node.timestamp = now
-        if node.ref_count == 0 and not node.children:
-            self._push_evictable(node)  # a used leaf moves to the back of the LRU queue
-
-    def _push_evictable(self, node: RadixTreeNode) -> None:
-        """Queue an evictable leaf under its current timestamp (older entries for it go stale)."""
-        heapq.heappush(self._heap, (node.timestamp, node.uid, node))
-        if len(self._heap) > 2 * self._num_nodes + 64:
-            self._compact()
+        if cut is not None:
+            node = cut[0].split_at(cut[1], self.page_size)
+            self._num_nodes += 1
+        end = node
+        while node.parent is not None:
+            node.timestamp = now
+            if node.ref_count == 0 and not node.children:
+                self._push_evictable(node)  # a used leaf moves to the back of the LRU queue
+            node = node.parent
+        return end
 
     # -- the public interface ----------------------------------------------
 
     def match_prefix(self, input_ids: TokenIds) -> tuple[RadixCacheHandle, torch.Tensor]:
-        ids = as_token_ids(input_ids)
-        path, prefix_len, cut = self.find(ids)
-        node = self.commit(path, cut)
+        node, prefix_len = self.walk(input_ids)
         if prefix_len == 0:
             return RadixCacheHandle(0, node), self._no_slots()
-        return RadixCacheHandle(prefix_len, node), torch.cat(_values_from_root(node))
+        return RadixCacheHandle(prefix_len, node), torch.cat(values_from_root(node))
 
     def insert_prefix(self, input_ids: TokenIds, indices: TokenIds, *, handle: BaseCacheHandle | None = None) -> int:
         ids = as_token_ids(input_ids)
-        slots = as_slot_array(indices, self.device)
-        if len(ids) != len(slots):
-            raise ArgumentError(f"input_ids has {len(ids)} tokens but indices has {len(slots)} slots")
-        if handle is None:
-            above: list[RadixTreeNode] = []
-            start, start_len = self.root_node, 0
-        else:
-            above = self._check_insert_handle(handle, ids)
-            start, start_len = above.pop(), handle.cached_len
-        path, prefix_len, cut = self.find(ids, start, start_len)
-        insert_len = len(ids) - len(ids) % self.page_size
-        new_slots = slots[prefix_len:insert_len]
-        if len(new_slots):
-            self._check_new_slots(new_slots)
+        slots = as_slot_array(indices, self.device, length=len(ids))
+        start, start_len = (self.root_node, 0) if handle is None else self._start_at(handle, ids)
+        node, prefix_len, cut = self.find(ids, start, start_len)
+        end = len(ids) - len(ids) % self.page_size
+        new_slots = slots[prefix_len:end]
+        check_new_slots(new_slots, self._slot_held, self.page_size)
         # Nothing was changed before this line, so a refused call changed nothing.
-        node = self.commit(above + path, cut)
+        node = self.commit(node, cut)
         if len(new_slots):
-            leaf = RadixTreeNode(self._clock)
-            # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
-            leaf.set_key_value(ids[prefix_len:insert_len].copy(), self._to_device(new_slots.copy()))
-            leaf.set_parent(node, self.page_size)
-            self._num_nodes += 1
-            self._slot_held[new_slots] = True
-            self.evictable_size += leaf.length
-            # The parent's heap entry, if it had one, is now stale: it has a child.
-            self._push_evictable(leaf)
+            self._add_leaf(node, ids[prefix_len:end], new_slots)
         return prefix_len
 
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None:
@@ -362,8 +342,6 @@ class RadixCacheManager(BaseCacheManager):
 
     def evict(self, size: int) -> torch.Tensor:
         size = as_count(size, "size")
-        if size == 0:
-            return self._no_slots()
         if size > self.evictable_size:
             raise EvictionError(f"size: asked to evict {size} slots but only {self.evictable_size} are evictable")
         evicted: list[torch.Tensor] = []
@@ -372,21 +350,22 @@ class RadixCacheManager(BaseCacheManager):
             if not self._heap:
                 raise IntegrityError("evictable_size", f"says {self.evictable_size}, but no evictable leaf is left")
             timestamp, _, node = heapq.heappop(self._heap)
-            if not self._is_live(timestamp, node):
-                continue
-            parent = node.parent
-            assert parent is not None  # a live entry's node is in the tree
-            del parent.children[child_key(node.key, self.page_size)]
-            node.parent = None  # it left the tree: its handles are stale now
-            self._num_nodes -= 1
-            self.evictable_size -= node.length
-            evicted_size += node.length
-            evicted.append(node.value)
-            if parent is not self.root_node and not parent.children and parent.ref_count == 0:
-                self._push_evictable(parent)
+            if is_live(timestamp, node):
+                evicted.append(self._remove_leaf(node))
+                evicted_size += node.length
+        if not evicted:
+            return self._no_slots()
         freed = torch.cat(evicted)
         self._release(freed)
         return freed
+
+    @property
+    def size_info(self) -> SizeInfo:
+        return SizeInfo(self.evictable_size, self.protected_size)
+
+    def check_integrity(self) -> None:
+        """Every invariant of the tree, each checked by a function of :mod:`minikv.integrity`."""
+        integrity.check_radix_cache(self)
 
     def reset(self) -> torch.Tensor:
         if self.protected_size:
@@ -401,24 +380,16 @@ class RadixCacheManager(BaseCacheManager):
         self._slot_held = np.zeros_like(self._slot_held)
         return torch.cat(held) if held else self._no_slots()
 
-    @property
-    def size_info(self) -> SizeInfo:
-        return SizeInfo(self.evictable_size, self.protected_size)
+    # -- reading the tree ---------------------------------------------------
 
     @property
     def num_nodes(self) -> int:
         """Nodes in the tree, root excluded."""
         return self._num_nodes
 
-    # -- reading the tree ---------------------------------------------------
-
     def nodes(self) -> Iterator[RadixTreeNode]:
         """Every node but the root, parents before children."""
-        stack = list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return integrity.tree_nodes(self.root_node)
 
     def path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
         """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
@@ -436,8 +407,7 @@ class RadixCacheManager(BaseCacheManager):
 
     def evictable_leaves(self) -> list[RadixTreeNode]:
         """The leaves ``evict`` may take, least recently used first (the order it takes them in)."""
-        live = {uid: (t, uid, node) for t, uid, node in self._heap if self._is_live(t, node)}
-        return [node for _, _, node in sorted(live.values(), key=lambda entry: entry[:2])]
+        return [node for _, _, node in sorted(self._live_entries(), key=lambda entry: entry[:2])]
 
     def held_slot_mask(self) -> np.ndarray:
         """The record of held slots, read-only: ``mask[s]`` is True when a node of this tree holds slot ``s``.
@@ -450,190 +420,68 @@ class RadixCacheManager(BaseCacheManager):
         view.flags.writeable = False
         return view
 
-    # -- checking -------------------------------------------------------------
+    # -- bookkeeping --------------------------------------------------------
 
-    def check_integrity(self) -> None:
-        try:
-            self._check_tree()
-        except IntegrityError:
-            raise
-        except Exception as error:  # state so broken that reading it fails
-            raise IntegrityError("readable state", f"{type(error).__name__}: {error}") from error
+    def _start_at(self, handle: BaseCacheHandle, ids: np.ndarray) -> tuple[RadixTreeNode, int]:
+        """Where an insert may start: ``handle``'s node and length, once proven a locked match of ``ids``.
 
-    def _check_tree(self) -> None:
-        root = self.root_node
-        if not isinstance(root, RadixTreeNode):
-            raise IntegrityError("root", f"root_node is a {type(root).__name__}, not a RadixTreeNode")
-        if root.ref_count != 1 or root.parent is not None or root.length != 0 or len(root.key) or len(root.value):
-            raise IntegrityError("root", "the root must have ref_count 1, no tokens, no slots and no parent", root)
-        for name in ("evictable_size", "protected_size", "_num_nodes", "_clock"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise IntegrityError("counters", f"{name.lstrip('_')} is {value!r}, not an int")
-        evictable = protected = count = 0
-        held: list[torch.Tensor] = []
-        in_tree: set[int] = set()
-        stack = [root]
-        while stack:
-            parent = stack.pop()
-            below = 0
-            for key, node in parent.children.items():
-                if not isinstance(node, RadixTreeNode):
-                    raise IntegrityError("child type", f"child {key!r} is a {type(node).__name__}", parent)
-                count += 1
-                self._check_node(node, parent, key)
-                below += node.ref_count
-                if node.ref_count == 0:
-                    evictable += node.length
-                else:
-                    protected += node.length
-                held.append(node.value)
-                in_tree.add(node.uid)
-                stack.append(node)
-            if parent is not root:
-                if below > parent.ref_count:
-                    raise IntegrityError(
-                        "lock covers path", f"ref_count {parent.ref_count} < its children's {below}", parent
-                    )
-                if parent.ref_count != parent._own_locks + below:
-                    raise IntegrityError(
-                        "lock accounting",
-                        f"ref_count {parent.ref_count}, but {parent._own_locks} own locks + {below} from below",
-                        parent,
-                    )
-        if count != self._num_nodes:
-            raise IntegrityError("node count", f"counter says {self._num_nodes} nodes, the tree has {count}")
-        if evictable != self.evictable_size:
-            raise IntegrityError("evictable_size", f"counter is {self.evictable_size}, unlocked nodes hold {evictable}")
-        if protected != self.protected_size:
-            raise IntegrityError("protected_size", f"counter is {self.protected_size}, locked nodes hold {protected}")
-        self._check_slots(held)
-        self._check_heap(in_tree)
-
-    def _check_node(self, node: RadixTreeNode, parent: RadixTreeNode, key: ChildKey) -> None:
-        ps = self.page_size
-        for name in ("ref_count", "timestamp", "length", "_own_locks"):
-            value = getattr(node, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise IntegrityError("field types", f"{name.lstrip('_')} is {value!r}, not an int", node)
-        if not isinstance(node.key, np.ndarray) or node.key.dtype != INT64 or node.key.ndim != 1:
-            raise IntegrityError("key array", f"key must be a 1-D NumPy int64 array, got {_describe(node.key)}", node)
-        value = node.value
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.int32 or value.dim() != 1:
-            raise IntegrityError("value tensor", f"value must be a 1-D int32 tensor, got {_describe(value)}", node)
-        if value.device != self.device:
-            raise IntegrityError("value tensor", f"value is on {value.device}, not on {self.device}", node)
-        if node.parent is not parent:
-            raise IntegrityError("parent link", f"listed under {parent!r} but its parent is {node.parent!r}", node)
-        if node.length == 0:
-            raise IntegrityError("empty node", "a non-root node must hold at least one token", node)
-        if len(node.key) != node.length or len(value) != node.length:
-            raise IntegrityError(
-                "key/value length", f"length {node.length}, key {len(node.key)}, value {len(value)}", node
-            )
-        if ps > 1 and node.length % ps:
-            raise IntegrityError("page alignment", f"length {node.length} is not a multiple of page_size {ps}", node)
-        if child_key(node.key, ps) != key:
-            raise IntegrityError(
-                "child key", f"filed under {key!r}, but its key starts {child_key(node.key, ps)!r}", node
-            )
-        if node.ref_count < 0 or node._own_locks < 0:
-            raise IntegrityError("ref_count", f"negative ref_count {node.ref_count} (own {node._own_locks})", node)
-        if parent is not self.root_node and node.timestamp > parent.timestamp:
-            raise IntegrityError(
-                "LRU order", f"used at t={node.timestamp}, after its parent (t={parent.timestamp})", node
-            )
-        if node.timestamp > self._clock:
-            raise IntegrityError("clock", f"used at t={node.timestamp}, but the clock says {self._clock}", node)
-        if bool((value < 0).any()):
-            raise IntegrityError("slot range", "negative slot index", node)
-        if ps > 1:
-            pages = value.view(-1, ps).long()
-            offsets = torch.arange(ps, device=self.device)
-            if bool((pages[:, 0] % ps != 0).any()) or not torch.equal(pages - pages[:, :1], offsets.expand_as(pages)):
-                raise IntegrityError("page alignment", "slots do not form whole pages", node)
-
-    def _check_slots(self, held: list[torch.Tensor]) -> None:
-        """No slot held twice, and the record of held slots says exactly which are held."""
-        slots = torch.cat(held).long().cpu() if held else torch.empty(0, dtype=torch.long)
-        counts = torch.bincount(slots) if len(slots) else slots
-        if len(counts) and int(counts.max()) > 1:
-            dup = int(torch.argmax(counts))
-            owners = [n for n in self.nodes() if bool((n.value == dup).any())]
-            raise IntegrityError("slot held twice", f"slot {dup} is held by {len(owners)} nodes", owners[0])
-        recorded = np.flatnonzero(self._slot_held)
-        if recorded.tobytes() != torch.sort(slots).values.numpy().astype(recorded.dtype).tobytes():
-            raise IntegrityError("held slots", "the record of held slots differs from the slots the nodes hold")
-
-    def _check_heap(self, in_tree: set[int]) -> None:
-        """The eviction heap: well-formed entries in heap order, and every evictable leaf in it."""
-        heap = self._heap
-        for i, entry in enumerate(heap):
-            if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[2], RadixTreeNode)):
-                raise IntegrityError("eviction heap", f"entry {i} is {entry!r}, not (timestamp, uid, node)")
-            timestamp, uid, node = entry
-            if not isinstance(timestamp, int) or uid != node.uid:
-                raise IntegrityError("eviction heap", f"entry {i} ({timestamp!r}, {uid!r}) names another node", node)
-            if i and heap[(i - 1) // 2][:2] > entry[:2]:
-                raise IntegrityError("eviction heap", f"entry {i} is smaller than its heap parent: not in heap order")
-            if self._is_live(timestamp, node) and uid not in in_tree:
-                raise IntegrityError("eviction heap", f"entry {i} holds a node of another tree", node)
-        queued = {(t, uid) for t, uid, _ in heap}
-        for node in self.nodes():
-            if node.ref_count == 0 and not node.children and (node.timestamp, node.uid) not in queued:
-                raise IntegrityError("evictable leaves", "an evictable leaf is missing from the eviction heap", node)
-
-    # -- helpers ------------------------------------------------------------
-
-    def _check_insert_handle(self, handle: BaseCacheHandle, ids: np.ndarray) -> list[RadixTreeNode]:
-        """The path from the root down to ``handle``'s node (root first), once the handle is proven usable.
-
-        Usable: a handle into this tree (not stale), locked unless it is the root's, and its tokens
-        the first ``cached_len`` of ``ids``. Walking up from the handle's node proves the first two;
-        comparing each key on the path in place proves the third. Then a walk from the handle's node
+        Walking up from its node proves it is in this tree; comparing each key on the path
+        proves its tokens are the first ``cached_len`` of ``ids``. A walk from its node then
         finds exactly what a walk from the root would.
         """
         path = self.path_of(handle)
         if path and path[0].ref_count <= 0:
             raise LockError(f"handle: {path[0]!r} is not locked; pass the handle of your own locked match")
-        path.append(self.root_node)
-        path.reverse()
-        if handle.cached_len > len(ids) or handle.cached_len % self.page_size:
-            raise ArgumentError(f"handle: cached_len {handle.cached_len} cannot be a match of these {len(ids)} ids")
-        tokens = ids[: handle.cached_len].tobytes()
-        offset = 0
-        for node in path[1:]:
+        check_cached_len(handle.cached_len, len(ids), self.page_size)
+        tokens, offset = ids[: handle.cached_len].tobytes(), 0
+        for node in reversed(path):
             if not key_matches_at(tokens, node.key, offset):
                 raise ArgumentError(f"handle: its tokens are not a prefix of input_ids (they differ in {node!r})")
             offset += node.length
         if offset != handle.cached_len:
             raise ArgumentError(f"handle: cached_len is {handle.cached_len}, but its path holds {offset} tokens")
-        return path
+        return self.root_node if not path else path[0], handle.cached_len
 
-    def _check_new_slots(self, slots: np.ndarray) -> None:
-        """Refuse slots that no new leaf could own: a slot listed twice, one the tree holds, or partial pages."""
-        ordered = np.sort(slots)
-        if np.count_nonzero(ordered[1:] == ordered[:-1]):
-            raise ArgumentError("indices: the same slot is listed twice among the tokens to insert")
-        self._record_room_for(int(ordered[-1]))
-        taken = self._slot_held[slots]
-        if np.count_nonzero(taken):
-            raise ArgumentError(f"indices: slot {int(slots[taken][0])} is already held by another node of the tree")
-        ps = self.page_size
-        if ps > 1:
-            firsts = slots[::ps]
-            whole_pages = (firsts[:, None] + np.arange(ps, dtype=INT32)).reshape(-1)
-            if np.count_nonzero(firsts % ps) or not np.array_equal(whole_pages, slots):
-                raise ArgumentError(
-                    f"indices: with page_size {ps}, each page of tokens must get one whole page of slots"
-                )
-
-    def _record_room_for(self, slot: int) -> None:
-        """Grow the record of held slots so that it has a place for ``slot`` (doubling, so rarely)."""
-        if slot >= len(self._slot_held):
-            grown = np.zeros(max(slot + 1, 2 * len(self._slot_held)), dtype=bool)
+    def _add_leaf(self, parent: RadixTreeNode, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Hang a new unlocked leaf with these tokens and slots under ``parent`` (copies of both)."""
+        leaf = RadixTreeNode(self._clock)
+        # Copies: the caller may reuse its page-table row (mini-sglang bug 94fe255).
+        leaf.set_key_value(ids.copy(), self._to_device(slots.copy()))
+        leaf.set_parent(parent, self.page_size)
+        self._num_nodes += 1
+        self.evictable_size += leaf.length
+        try:
+            self._slot_held[slots] = True
+        except IndexError:  # a slot past the end of the record: grow it, doubling, so rarely
+            grown = np.zeros(max(int(slots.max()) + 1, 2 * len(self._slot_held)), dtype=bool)
             grown[: len(self._slot_held)] = self._slot_held
             self._slot_held = grown
+            self._slot_held[slots] = True
+        self._push_evictable(leaf)  # the parent's heap entry, if it had one, is stale now: it has a child
+
+    def _remove_leaf(self, node: RadixTreeNode) -> torch.Tensor:
+        """Take an evictable leaf out of the tree; return its slots. Its parent may become evictable."""
+        parent = node.parent
+        assert parent is not None  # a live entry's node is in the tree
+        del parent.children[child_key(node.key, self.page_size)]
+        node.parent = None  # it left the tree: its handles are stale now
+        self._num_nodes -= 1
+        self.evictable_size -= node.length
+        if parent is not self.root_node and not parent.children and parent.ref_count == 0:
+            self._push_evictable(parent)
+        return node.value
+
+    def _push_evictable(self, node: RadixTreeNode) -> None:
+        """Queue an evictable leaf under its current timestamp (older entries for it go stale)."""
+        heapq.heappush(self._heap, (node.timestamp, node.uid, node))
+        if len(self._heap) > 2 * self._num_nodes + 64:  # too many stale entries: keep the live ones
+            self._heap = self._live_entries()
+            heapq.heapify(self._heap)
+
+    def _live_entries(self) -> list[tuple[int, int, RadixTreeNode]]:
+        """The heap's entries that still name an evictable leaf, one per leaf."""
+        live = {uid: (t, uid, node) for t, uid, node in self._heap if is_live(t, node)}
+        return list(live.values())
 
     def _release(self, freed: torch.Tensor) -> None:
         """Record that the tree no longer holds these slots."""
@@ -648,18 +496,13 @@ class RadixCacheManager(BaseCacheManager):
         """An empty result: a new tensor each time, so that no caller can resize another's."""
         return self.empty_tensor.new_empty(0)
 
-    def _is_live(self, timestamp: int, node: RadixTreeNode) -> bool:
-        """Whether a heap entry still names an evictable leaf: in the tree, unused since it was queued."""
-        return node.timestamp == timestamp and node.ref_count == 0 and not node.children and node.parent is not None
 
-    def _compact(self) -> None:
-        """Keep one entry per evictable leaf, dropping every stale one."""
-        live = {uid: (t, uid, node) for t, uid, node in self._heap if self._is_live(t, node)}
-        self._heap = list(live.values())
-        heapq.heapify(self._heap)
+def is_live(timestamp: int, node: RadixTreeNode) -> bool:
+    """Whether an eviction-heap entry still names an evictable leaf: in the tree, unused since it was queued."""
+    return node.timestamp == timestamp and node.ref_count == 0 and not node.children and node.parent is not None
 
 
-def _values_from_root(node: RadixTreeNode) -> list[torch.Tensor]:
+def values_from_root(node: RadixTreeNode) -> list[torch.Tensor]:
     """The slot tensors of ``node``'s path, root first (the root holds none)."""
     values = []
     while node.parent is not None:
@@ -667,9 +510,3 @@ def _values_from_root(node: RadixTreeNode) -> list[torch.Tensor]:
         node = node.parent
     values.reverse()
     return values
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return f"{type(value).__name__} of {value.dtype}, shape {tuple(value.shape)}"
-    return type(value).__name__

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import nodes_with_prefix
 
-from minikv import RadixCacheManager, RadixTreeNode, radix_manager
+from minikv import RadixCacheManager, RadixTreeNode, integrity, radix_manager
 from minikv.errors import IntegrityError
 
 
@@ -312,9 +312,9 @@ def test_global_counter_errors_have_no_node() -> None:
 
 
 def test_every_invariant_check_integrity_names_has_a_mutation() -> None:
-    # Every rule the module can report (the first argument of each IntegrityError it raises) is
+    # Every rule the modules can report (the first argument of each IntegrityError they raise) is
     # broken on purpose above, except "readable state", the net under the typed checks (next test).
-    source = inspect.getsource(radix_manager)
+    source = inspect.getsource(radix_manager) + inspect.getsource(integrity)
     named = set(re.findall(r'IntegrityError\(\s*"([^"]+)"', source))
     covered = {invariant for _, invariant, _ in CASES}
     assert named - covered == {"readable state"}, named - covered

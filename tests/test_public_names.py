@@ -34,9 +34,9 @@ NAMED_TUPLE_API = frozenset({"_fields", "_field_defaults", "_asdict", "_replace"
 
 TEST_SUBJECTS: dict[str, tuple[str, ...]] = {
     # test file stem -> the minikv modules it is the own test of (when its name does not say it)
-    "test_store_kernel": ("minikv.kernels.store",),
+    "test_store_kernel": ("minikv.kernels.store", "minikv.kernels.checks"),
     "test_kernel_compile": ("minikv.kernels",),
-    "test_integrity_mutations": ("minikv.radix_manager",),  # corrupts a radix tree's internals on purpose
+    "test_integrity_mutations": ("minikv.radix_manager", "minikv.integrity"),  # corrupts a tree's internals on purpose
     "test_base_and_naive": ("minikv.base", "minikv.naive_manager"),
 }
 
@@ -250,7 +250,7 @@ def test_test_files_are_the_own_tests_of_the_module_they_are_named_after() -> No
     assert subjects(tests / "test_radix_manager.py") == ("minikv.radix_manager",)
     assert subjects(tests / "test_viz_tree.py") == ("minikv.viz.tree",)
     assert subjects(tests / "test_exercises.py") == ("minikv.exercises",)
-    assert subjects(tests / "test_store_kernel.py") == ("minikv.kernels.store",)
+    assert subjects(tests / "test_store_kernel.py") == ("minikv.kernels.store", "minikv.kernels.checks")
     assert subjects(tests / "test_exercises_radix.py") == ("minikv.exercises.radix",)
     assert subjects(tests / "helpers.py") == ()
     assert is_own("minikv.exercises._core", ("minikv.exercises.radix",))  # its package's internals

@@ -32,6 +32,7 @@ from minikv.kernels import (
     triton_interpreter_requested,
     use_interpreter_without_cuda,
 )
+from minikv.kernels import checks as checks_module
 from minikv.kernels import store as store_module
 from minikv.kernels.cpu_copy import slot_runs
 
@@ -430,6 +431,25 @@ def test_bad_slot_check_arguments_are_refused(kwargs: dict, error: type[Exceptio
     assert k_cache.sum() == 0 and v_cache.sum() == 0
 
 
+@pytest.mark.parametrize("cache_name", ["k_cache", "v_cache"])
+def test_an_error_flag_in_the_caches_memory_is_refused(cache_name: str) -> None:
+    # Issue 25 (low): a flag that is a view of a cache row was accepted, and the kernel wrote its count there.
+    caches = {"k_cache": torch.zeros(8, 2, 4), "v_cache": torch.zeros(8, 2, 4)}
+    flag = caches[cache_name][3, 1].view(torch.int32)[2:]  # int32 words inside slot 3's row
+    with pytest.raises(ArgumentError, match=f"error_flag shares memory with {cache_name}"):
+        store_cache(
+            caches["k_cache"], caches["v_cache"], torch.tensor([0, 9]), torch.ones(2, 2, 4), torch.ones(2, 2, 4),
+            slot_check="kernel", error_flag=flag,
+        )  # fmt: skip
+    assert caches["k_cache"].sum() == 0 and caches["v_cache"].sum() == 0  # refused before anything was written
+    clean = torch.zeros(1, dtype=torch.int32)  # a counter of its own is accepted
+    store_cache(
+        caches["k_cache"], caches["v_cache"], torch.tensor([0]), torch.ones(1, 2, 4), torch.ones(1, 2, 4),
+        slot_check="kernel", error_flag=clean,
+    )  # fmt: skip
+    assert clean.item() == 0 and caches["k_cache"][0].sum() == 8
+
+
 # -- host-device transfers, counted where they would happen ------------------------------
 
 # Tensor methods that bring a value to the host: on CUDA each one waits for the GPU.
@@ -469,7 +489,7 @@ def test_the_host_check_of_device_slots_makes_one_transfer() -> None:
     # check_slots' path for CUDA slots, run on CPU slots: one transfer of three numbers, whatever the verdict.
     for slots, verdict in (([5, 1, 9, 2], (1, 9, False)), ([4, 4], (4, 4, True)), ([-3, 7], (-3, 7, False))):
         with CountTransfers() as counted:
-            got = store_module._slot_verdict_on_device(torch.tensor(slots))
+            got = checks_module._slot_verdict_on_device(torch.tensor(slots))
         assert counted.calls == ["tolist"]
         assert got == verdict
 

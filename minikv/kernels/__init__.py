@@ -1,6 +1,7 @@
 """The store kernel and where it runs.
 
-* ``minikv.kernels.store``: the Triton kernel, its launcher, the checks and :func:`~minikv.store_cache`;
+* ``minikv.kernels.store``: the Triton kernel, its launcher, :func:`~minikv.store_cache` and its reference;
+* :mod:`minikv.kernels.checks`: every check ``store_cache`` makes before it writes;
 * :mod:`minikv.kernels.cpu_copy`: the plain-torch copy that ``backend="torch"`` runs;
 * :mod:`minikv.kernels.paged_attention`: the read half, a decode-attention kernel that reads K/V
   from the pages in place through each request's slot table;
@@ -11,9 +12,10 @@ Importing this package does not import Triton: the kernel is handed to Triton wh
 is first launched.
 """
 
+from .._validate import as_device
+from .checks import check_slots, check_store_arguments
 from .devices import (
     TRITON_MISSING,
-    as_device,
     interpreted,
     require_triton,
     triton_interpreter_requested,
@@ -25,8 +27,6 @@ from .store import (
     SLOT_CHECKS,
     SUPPORTED_DTYPES,
     StoreLaunch,
-    check_slots,
-    check_store_arguments,
     launch_store_kernel,
     plan_store_launch,
     store_cache,

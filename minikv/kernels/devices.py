@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ArgumentError, ArgumentTypeError, TritonMissingError
+from ..errors import TritonMissingError
 
 _TRUE = ("1", "true", "on", "yes")
 
@@ -83,34 +83,6 @@ def interpreted(device: torch.device | str) -> bool:
     set (the interpreter then copies the tensors to the host and back: correct, slow).
     """
     return torch.device(device).type != "cuda" or triton_interpreter_requested()
-
-
-def as_device(device: torch.device | str, name: str = "device") -> torch.device:
-    """``device`` as a :class:`torch.device` that exists on this machine, or an error naming ``name``.
-
-    ``"cuda"`` on a machine without CUDA, ``"cuda:3"`` on a machine with two GPUs and
-    names torch does not know (``"gpu"``, ``"bogus"``) are refused here, before any
-    memory is allocated. ``"meta"`` is accepted: a cache there has shapes and sizes but no
-    data (``store_cache`` refuses it). ``"cuda"`` stays ``"cuda"`` (the current GPU at allocation).
-    """
-    if not isinstance(device, (str, torch.device)):
-        raise ArgumentTypeError(f"{name} must be a torch.device or a string such as 'cpu', got {type(device).__name__}")
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise ArgumentError(f"{name}: {device!r} is not a device torch knows ({error})") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ArgumentError(f"{name} is {device!r}, but CUDA is not available on this machine")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ArgumentError(
-                f"{name} is {device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
-    elif parsed.type not in ("cpu", "meta"):
-        raise ArgumentError(
-            f"{name} is {device!r}: minikv stores its caches on 'cpu' or 'cuda' (or 'meta', to size them)"
-        )
-    return parsed
 
 
 class TritonKernel:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validate import canonical_device
+from .._validate import as_device
 from ..errors import ArgumentError, ArgumentTypeError, ModelFileError
 from .llama import LlamaConfig, LlamaModel, LlamaWeights
 from .tokenizer import CONTROL, Tokenizer
@@ -75,7 +75,7 @@ def load_smollm2(
     """
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ArgumentTypeError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")
-    device = canonical_device(device)
+    device = as_device(device)
     path = smollm2_path() if path is None else Path(path)
     if not path.is_file():
         raise ModelFileError(f"path: no file at {str(path)!r}")
