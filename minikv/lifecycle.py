@@ -61,8 +61,8 @@ class Step(NamedTuple):
 class Request:
     """A request between admission and finish: what it matched and which slots it holds.
 
-    ``input_ids`` is the request's own read-only copy of the prompt, so the
-    caller may reuse its buffer at once.
+    ``input_ids`` is the request's own read-only copy of the prompt, and
+    ``indices`` its own copy of the slots, so the caller may reuse its buffers at once.
     """
 
     input_ids: np.ndarray
@@ -84,6 +84,9 @@ class Request:
 
     def __post_init__(self) -> None:
         self.input_ids = _own_copy(self.input_ids)
+        if not isinstance(self.indices, torch.Tensor):
+            raise ArgumentTypeError(f"indices must be a tensor of slots, got {type(self.indices).__name__}")
+        self.indices = self.indices.clone()
 
     @property
     def cached_len(self) -> int:
