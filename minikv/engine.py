@@ -31,7 +31,7 @@ A request goes through
    :func:`minikv.lifecycle.finish` uses (:func:`~minikv.lifecycle.slots_to_free`),
    and the lock is released.
 
-**Statistics.** The loop neither counts nor times itself: :attr:`Engine.stats`
+**Statistics.** The loop neither counts nor times itself: ``Engine.stats``
 is kept by a :class:`~minikv.engine_stats.StatsRecorder`, which wraps a few of
 this engine's methods (:mod:`minikv.engine_stats` lists which).
 

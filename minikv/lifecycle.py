@@ -214,7 +214,7 @@ def slots_to_free(indices: torch.Tensor, cached_len: int, already: int, page_siz
 
     Everything in between now belongs to the tree. The result is whole pages in
     order (the last one maybe cut short), as :meth:`PagePool.free
-    <minikv.page_pool.PagePool.free>` takes them. :func:`finish` and the engine
+    <minikv.PagePool.free>` takes them. :func:`finish` and the engine
     (:class:`~minikv.engine.Engine`) both free what this returns.
     """
     total = len(indices)
