@@ -27,8 +27,13 @@ A request goes through
 4. **release** (``Engine._release``), when it finishes (stop token or
    budget): the tokens whose K/V exist (prompt and generated) are inserted into
    the tree, the slots the tree did not take (duplicates of what another request
-   inserted meanwhile, and a partial last page) are freed exactly as
-   :func:`minikv.lifecycle.finish` frees them, and the lock is released.
+   inserted meanwhile, and a partial last page) are freed by the rule
+   :func:`minikv.lifecycle.finish` uses (:func:`~minikv.lifecycle.slots_to_free`),
+   and the lock is released.
+
+**Statistics.** The loop neither counts nor times itself: ``Engine.stats``
+is kept by a :class:`~minikv.engine_stats.StatsRecorder`, which wraps a few of
+this engine's methods (:mod:`minikv.engine_stats` lists which).
 
 **Preemption.** When decode cannot get a slot even after evicting every unlocked
 prefix, the newest running request is preempted (as nano-vllm does) and put back
@@ -53,10 +58,11 @@ reading the token ids and slots it needs from the device-side tables
 batch N+1 before it knows batch N's tokens: a request that hit a stop token in
 batch N has already been scheduled into N+1 (its extra token is dropped), and
 a request whose budget runs out in batch N is released only after N's results
-are in -- one step late. ``unsafe_early_free=True`` releases it as soon as the
-scheduler knows it is done instead; its row of ``req_to_token`` then goes to
-the next request while batch N has not yet read it, and batch N computes the
-last token from someone else's slots (the tests show the wrong output).
+are in -- one step late. :class:`EarlyFreeEngine`, below the engine, releases
+it as soon as the scheduler knows it is done instead; its row of
+``req_to_token`` then goes to the next request while batch N has not yet read
+it, and batch N computes the last token from someone else's slots (chapter 6
+and the tests show the wrong output).
 When decode would need a preemption, overlap mode first collects the batch in
 flight (its results may free enough) and then schedules as the plain loop does.
 """
@@ -64,18 +70,19 @@ flight (its results may free enough) and then schedules as the plain loop does.
 from __future__ import annotations
 
 import enum
-import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from ._validate import as_positive, as_token_ids
+from ._validate import as_count, as_positive, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
-from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError
+from .engine_stats import EngineStats, StatsRecorder
+from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError, StepLimitError
+from .lifecycle import slots_to_free
 from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
@@ -171,30 +178,6 @@ class Batch:
     """Tokens attended over once this batch has run (prefill: the whole row; decode: start + 1)."""
 
 
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prefill_batches: int = 0
-    decode_batches: int = 0
-    prompt_tokens: int = 0
-    """Prompt tokens submitted."""
-    prefill_tokens: int = 0
-    """Tokens computed by prefill (resumed requests included)."""
-    cached_tokens: int = 0
-    """Tokens a prefill took from the cache instead of computing (resumed requests included)."""
-    decode_tokens: int = 0
-    preemptions: int = 0
-    evicted_slots: int = 0
-    step_seconds: float = 0.0
-    """Host time inside :meth:`Engine.step`."""
-    model_seconds: float = 0.0
-    """Time in the model's forward passes."""
-    prefill_seconds: float = 0.0
-    """The part of ``model_seconds`` spent in prefill batches (what a prefix cache saves)."""
-    cache_seconds: float = 0.0
-    """Time in the cache manager and the pool: match, lock, allocate (with eviction), insert, free."""
-
-
 class Engine:
     """A waiting queue, a running batch, and a step that runs one batch.
 
@@ -202,8 +185,8 @@ class Engine:
     ``insert_after_prefill`` shares a request's prompt pages as soon as they are
     prefilled, as mini-sglang and SGLang do; without it a prompt is cached only
     when its request finishes, so requests running side by side never share.
-    ``overlap`` schedules one step ahead, as described in the module docstring;
-    ``unsafe_early_free`` exists only to show what goes wrong without the delay.
+    ``overlap`` schedules one step ahead, as described in the module docstring.
+    ``stats`` counts and times what it does (:class:`~minikv.engine_stats.EngineStats`).
     """
 
     def __init__(
@@ -215,7 +198,6 @@ class Engine:
         max_running: int = 8,
         overlap: bool = False,
         insert_after_prefill: bool = True,
-        unsafe_early_free: bool = False,
     ) -> None:
         check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
@@ -230,9 +212,8 @@ class Engine:
         self.model, self.cache, self.pool, self.kv_cache = model, cache, pool, kv_cache
         self.page_size = pool.page_size
         self.max_running = as_positive(max_running, "max_running")
-        self.overlap = bool(overlap)
-        self.insert_after_prefill = bool(insert_after_prefill)
-        self.unsafe_early_free = bool(unsafe_early_free)
+        self.overlap = _as_flag(overlap, "overlap")
+        self.insert_after_prefill = _as_flag(insert_after_prefill, "insert_after_prefill")
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         """Oldest admission first: preemption takes the last."""
@@ -248,7 +229,7 @@ class Engine:
         """Row -> the request holding it (running, or finished and waiting for its batch to be collected)."""
         self._in_flight: Batch | None = None
         self._next_uid = 0
-        self.stats = EngineStats()
+        self.stats: EngineStats = StatsRecorder().attach(self)
 
     # -- the public loop ---------------------------------------------------------------------------
 
@@ -258,7 +239,6 @@ class Engine:
         request.uid, self._next_uid = self._next_uid, self._next_uid + 1
         request.status = Status.WAITING
         self.waiting.append(request)
-        self.stats.prompt_tokens += len(request.prompt)
         return request
 
     def _check_request(self, request: EngineRequest) -> None:
@@ -266,18 +246,7 @@ class Engine:
             raise ArgumentTypeError(f"request must be an EngineRequest, got {type(request).__name__}")
         if request.status is not Status.NEW:
             raise ArgumentError(f"request: {request!r} was already submitted")
-        vocab = self.model.vocab_size
-        if request.prompt.min() < 0 or request.prompt.max() >= vocab:
-            raise ArgumentError(f"prompt: token ids must be in [0, {vocab})")
-        if any(not 0 <= t < vocab for t in request.stop_tokens):
-            raise ArgumentError(f"stop_tokens: token ids must be in [0, {vocab}), got {sorted(request.stop_tokens)}")
-        # The last generated token is never fed back, so its K/V are never needed.
-        longest = len(request.prompt) + request.max_new_tokens - 1
-        if longest > self.model.max_positions:
-            raise ArgumentError(
-                f"prompt: {len(request.prompt)} tokens + {request.max_new_tokens} new exceed the model's "
-                f"max_positions ({self.model.max_positions})"
-            )
+        longest = check_fits_model(self.model, request)
         if self.pool.pages_for(longest) > self.pool.num_pages:
             raise ArgumentError(
                 f"prompt: {len(request.prompt)} tokens + {request.max_new_tokens} new need "
@@ -289,7 +258,6 @@ class Engine:
 
     def step(self) -> Batch | None:
         """Schedule and run one batch (overlap: launch one, collect the previous). Returns what was scheduled."""
-        start = time.perf_counter()
         batch = self._schedule()
         if self.overlap:
             previous, self._in_flight = self._in_flight, batch
@@ -297,17 +265,21 @@ class Engine:
                 self._collect(previous)
         elif batch is not None:
             self._collect(batch)
-        self.stats.steps += 1
-        self.stats.step_seconds += time.perf_counter() - start
         return batch
 
     def run(self, max_steps: int = 100_000) -> list[EngineRequest]:
-        """Step until every request has finished; returns them in the order they finished."""
+        """Step until every request has finished; returns them in the order they finished.
+
+        Raises :class:`~minikv.errors.StepLimitError` if work is left after ``max_steps`` steps.
+        """
+        max_steps = as_count(max_steps, "max_steps")
         for _ in range(max_steps):
             if not self.has_work():
                 return self.finished
             self.step()
-        raise RuntimeError(f"the engine did not finish within {max_steps} steps")
+        if self.has_work():
+            raise StepLimitError(f"max_steps: the engine did not finish within {max_steps} steps")
+        return self.finished
 
     def generate(
         self,
@@ -316,8 +288,8 @@ class Engine:
         stop_tokens: Iterable[int] = (),
     ) -> list[list[int]]:
         """Submit one request per prompt, run them all, and return each one's generated tokens."""
-        stops = list(stop_tokens)
-        requests = [EngineRequest(p, max_new_tokens, stops) for p in prompts]
+        stops = _as_list(stop_tokens, "stop_tokens")
+        requests = [EngineRequest(p, max_new_tokens, stops) for p in _as_list(prompts, "prompts")]
         for request in requests:  # all checked before any is queued
             self._check_request(request)
         for request in requests:
@@ -346,10 +318,6 @@ class Engine:
     # -- scheduling ----------------------------------------------------------------------------
 
     def _schedule(self) -> Batch | None:
-        if self.unsafe_early_free:
-            for request in [r for r in self.running if self._retiring(r)]:
-                self.running.remove(request)
-                self._release(request)  # too early: the batch in flight has not read its row yet
         return self._schedule_prefill() or self._schedule_decode()
 
     def _retiring(self, request: EngineRequest) -> bool:
@@ -371,41 +339,42 @@ class Engine:
             reserve += self.page_size
         if not admitted:
             return None
-        self.stats.prefill_batches += 1
         rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
         return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
 
     def _admit(self, request: EngineRequest, reserve: int) -> bool:
-        """Match, check, lock, re-check, allocate. False (and nothing held) if it does not fit now."""
+        """Reserve its memory, then give it a row. False (and nothing held) if it does not fit now."""
         ids = request.token_ids
-        with self._cache_time():
-            handle, matched = self.cache.match_prefix(torch.from_numpy(ids[:-1]))  # at least one token is computed
-            cached = handle.cached_len
-            needed = self.pool.pages_for(len(ids) - cached) * self.page_size  # whole pages
-            if needed + reserve > self._available():
-                return False
-            self.cache.lock_handle(handle)
-            if needed + reserve > self._available():  # our own match is no longer evictable
-                self.cache.lock_handle(handle, unlock=True)
-                return False
-            evicted_before = self.pool.num_evicted_slots
-            new_slots = self.pool.allocate(needed, evict_from=self.cache)
-            self.stats.evicted_slots += self.pool.num_evicted_slots - evicted_before
+        reserved = self._reserve(ids, reserve)
+        if reserved is None:
+            return False
+        handle, matched, new_slots = reserved
+        cached = handle.cached_len
         row = self._free_rows.pop()
         self.req_to_token[row, :cached] = matched
-        self.req_to_token[row, cached : cached + needed] = new_slots
+        self.req_to_token[row, cached : cached + len(new_slots)] = new_slots
         self.token_pool[row, : len(ids)] = torch.from_numpy(ids)  # the host copies the ids to the device
         self._holders[row] = request
-        request.handle, request.row, request.num_slots = handle, row, cached + needed
+        request.handle, request.row, request.num_slots = handle, row, cached + len(new_slots)
         request.kv_len = len(ids)
         request.num_scheduled = len(request.output) + 1
         request.status = Status.RUNNING
         if request.cached_tokens < 0:
             request.cached_tokens = cached
         request.admissions.append(cached)
-        self.stats.cached_tokens += cached
-        self.stats.prefill_tokens += len(ids) - cached
         return True
+
+    def _reserve(self, ids: np.ndarray, reserve: int) -> tuple[BaseCacheHandle, torch.Tensor, torch.Tensor] | None:
+        """Match, check, lock, re-check, allocate: the locked match, its slots and whole new pages, or None."""
+        handle, matched = self.cache.match_prefix(torch.from_numpy(ids[:-1]))  # at least one token is computed
+        needed = self.pool.pages_for(len(ids) - handle.cached_len) * self.page_size  # whole pages
+        if needed + reserve > self._available():
+            return None
+        self.cache.lock_handle(handle)
+        if needed + reserve > self._available():  # our own match is no longer evictable
+            self.cache.lock_handle(handle, unlock=True)
+            return None
+        return handle, matched, self.pool.allocate(needed, evict_from=self.cache)
 
     def _schedule_decode(self) -> Batch | None:
         while True:
@@ -425,16 +394,12 @@ class Engine:
         positions = []
         for request in requests:
             if request.kv_len == request.num_slots:
-                with self._cache_time():
-                    evicted_before = self.pool.num_evicted_slots
-                    page = self.pool.allocate(self.page_size, evict_from=self.cache)
-                    self.stats.evicted_slots += self.pool.num_evicted_slots - evicted_before
+                page = self._new_page()
                 self.req_to_token[request.row, request.num_slots : request.num_slots + self.page_size] = page
                 request.num_slots += self.page_size
             positions.append(request.kv_len)  # the token fed in: the last one generated
             request.kv_len += 1
             request.num_scheduled += 1
-        self.stats.decode_batches += 1
         return Batch("decode", requests, [r.row for r in requests], positions, [p + 1 for p in positions])
 
     def _preempt(self, request: EngineRequest) -> None:
@@ -443,8 +408,11 @@ class Engine:
         self._release(request)
         request.status = Status.WAITING
         request.num_preemptions += 1
-        self.stats.preemptions += 1
         self.waiting.appendleft(request)
+
+    def _new_page(self) -> torch.Tensor:
+        """One page for a decode step, evicting an unlocked prefix if none is free."""
+        return self.pool.allocate(self.page_size, evict_from=self.cache)
 
     def _available(self) -> int:
         return self.pool.num_free_slots + self.cache.size_info.evictable_size
@@ -453,7 +421,6 @@ class Engine:
 
     def _run(self, batch: Batch) -> list[int]:
         """The forward pass. It reads ids and slots from the device tables *now*, as a GPU would."""
-        start = time.perf_counter()
         if batch.kind == "prefill":
             tokens = []
             for row, cached, end in zip(batch.rows, batch.starts, batch.ends, strict=True):
@@ -471,17 +438,11 @@ class Engine:
             next_ids = logits.argmax(dim=-1)
             self.token_pool[rows, positions + 1] = next_ids
             tokens = next_ids.tolist()  # the one transfer to the host per step
-        elapsed = time.perf_counter() - start
-        self.stats.model_seconds += elapsed
-        if batch.kind == "prefill":
-            self.stats.prefill_seconds += elapsed
         return tokens
 
     def _collect(self, batch: Batch) -> None:
         """Run the batch, then hand each request its token; finished requests are released."""
         tokens = self._run(batch)
-        if batch.kind == "decode":
-            self.stats.decode_tokens += len(batch.requests)
         for request, token in zip(batch.requests, tokens, strict=True):
             if request.finished:
                 continue  # it hit a stop token one batch earlier; this token was computed in vain
@@ -517,14 +478,13 @@ class Engine:
             return  # no new whole page to share
         slots = self.req_to_token[request.row, :aligned].clone()
         ids = torch.from_numpy(request.token_ids[:aligned])
-        with self._cache_time():
-            already = self.cache.insert_prefix(ids, slots, handle=request.handle)
-            handle, tree_slots = self.cache.match_prefix(ids)
-            self.cache.lock_handle(handle)
-            self.cache.lock_handle(request.handle, unlock=True)
-            duplicates_end = min(already, handle.cached_len)  # (the naive manager keeps nothing: no duplicates)
-            if duplicates_end > cached:
-                self.pool.free(slots[cached:duplicates_end])
+        already = self.cache.insert_prefix(ids, slots, handle=request.handle)
+        handle, tree_slots = self.cache.match_prefix(ids)
+        self.cache.lock_handle(handle)
+        self.cache.lock_handle(request.handle, unlock=True)
+        # Of the slots the new match covers, free what the tree did not take from us. The request
+        # keeps the rest (the naive manager keeps nothing: its match is empty, nothing is freed).
+        self.pool.free(slots_to_free(slots[: handle.cached_len], cached, already, self.page_size))
         self.req_to_token[request.row, : handle.cached_len] = tree_slots
         request.handle = handle
 
@@ -540,26 +500,30 @@ class Engine:
         assert request.handle is not None
         kv = min(request.kv_len, len(request.prompt) + len(request.output))
         slots = self.req_to_token[request.row, : request.num_slots].clone()
-        cached = request.cached_len
-        with self._cache_time():
-            ids = torch.from_numpy(request.token_ids[:kv])
-            already = self.cache.insert_prefix(ids, slots[:kv], handle=request.handle)
-            if already > cached:  # duplicates of what another request inserted meanwhile
-                self.pool.free(slots[cached:already])
-            tail = max(kv - kv % self.page_size, cached)  # the partial last page, and pages never written
-            self.pool.free(slots[tail:])
-            self.cache.lock_handle(request.handle, unlock=True)
+        already = self.cache.insert_prefix(torch.from_numpy(request.token_ids[:kv]), slots[:kv], handle=request.handle)
+        self.pool.free(slots_to_free(slots[:kv], request.cached_len, already, self.page_size))
+        self.pool.free(slots[self.pool.pages_for(kv) * self.page_size :])  # whole pages reserved, never written
+        self.cache.lock_handle(request.handle, unlock=True)
         del self._holders[request.row]
         self._free_rows.append(request.row)
         request.handle, request.row, request.num_slots, request.kv_len = None, -1, 0, 0
 
-    @contextmanager
-    def _cache_time(self) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stats.cache_seconds += time.perf_counter() - start
+
+class EarlyFreeEngine(Engine):
+    """The hazard chapter 6 shows: with ``overlap=True``, a request is released as soon as the
+    scheduler knows it is done, before the batch in flight has read its row.
+
+    Its row of ``req_to_token`` then goes to the next request while that batch
+    still has to read it, and the batch computes the last token from someone
+    else's ids and slots. Every slot stays accounted for (:meth:`Engine.check`
+    passes); only the output is wrong. Not for serving.
+    """
+
+    def _schedule(self) -> Batch | None:
+        for request in [r for r in self.running if self._retiring(r)]:
+            self.running.remove(request)
+            self._release(request)  # too early: the batch in flight has not read its row yet
+        return super()._schedule()
 
 
 def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
@@ -589,6 +553,42 @@ def check_model(model: object) -> None:
         )
 
 
+def check_fits_model(model: PagedModel, request: EngineRequest) -> int:
+    """Refuse a request whose tokens are outside the model's vocabulary or which outgrows its positions.
+
+    Returns the most tokens whose K/V the request will ever need: the last
+    generated token is never fed back, so its K/V are never needed.
+    """
+    vocab = model.vocab_size
+    if request.prompt.min() < 0 or request.prompt.max() >= vocab:
+        raise ArgumentError(f"prompt: token ids must be in [0, {vocab})")
+    if any(not 0 <= t < vocab for t in request.stop_tokens):
+        raise ArgumentError(f"stop_tokens: token ids must be in [0, {vocab}), got {sorted(request.stop_tokens)}")
+    longest = len(request.prompt) + request.max_new_tokens - 1
+    if longest > model.max_positions:
+        raise ArgumentError(
+            f"prompt: {len(request.prompt)} tokens + {request.max_new_tokens} new exceed the model's "
+            f"max_positions ({model.max_positions})"
+        )
+    return longest
+
+
+def _as_list(values: Any, name: str) -> list[Any]:
+    """An iterable argument as a list (read once: a generator is not consumed twice)."""
+    if isinstance(values, (str, bytes)):
+        raise ArgumentTypeError(f"{name} must be a list, got {type(values).__name__}")
+    try:
+        return list(values)
+    except TypeError:
+        raise ArgumentTypeError(f"{name} must be a list, got {type(values).__name__}") from None
+
+
+def _as_flag(value: object, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def make_engine(
     model: PagedModel,
     num_pages: int,
@@ -597,17 +597,26 @@ def make_engine(
     max_running: int = 8,
     overlap: bool = False,
     insert_after_prefill: bool = True,
-    unsafe_early_free: bool = False,
+    engine_class: type[Engine] = Engine,
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
     ``manager`` is ``"radix"`` or ``"naive"`` for a fresh minikv manager, or a manager of your
     own (an empty one, with ``page_size`` pages), such as the radix cache of exercise 5.
+    ``engine_class`` builds a subclass of :class:`Engine` instead, such as :class:`EarlyFreeEngine`.
+    Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
     from .mha_pool import MHAKVCache
 
     check_model(model)
+    as_positive(num_pages, "num_pages")
+    as_positive(page_size, "page_size")
+    as_positive(max_running, "max_running")
+    _as_flag(overlap, "overlap")
+    _as_flag(insert_after_prefill, "insert_after_prefill")
+    if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
+        raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
         own_page_size = getattr(manager, "page_size", 1)
         if own_page_size != page_size:
@@ -621,8 +630,10 @@ def make_engine(
         if page_size != 1:
             raise ArgumentError("manager: the naive manager works with page_size 1 only")
         cache = NaiveCacheManager(model.device)
-    else:
+    elif isinstance(manager, str):
         raise ArgumentError(f"manager must be 'radix' or 'naive', got {manager!r}")
+    else:
+        raise ArgumentTypeError(f"manager must be 'radix', 'naive' or a cache manager, got {type(manager).__name__}")
     pool = PagePool(num_pages, page_size, model.device)
     kv_cache = MHAKVCache(
         model.num_kv_heads,
@@ -634,7 +645,7 @@ def make_engine(
         model.device,
         page_size,
     )
-    return Engine(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, unsafe_early_free)
+    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill)
 
 
 def recompute(
@@ -650,6 +661,7 @@ def recompute(
     """
     check_model(model)
     request = EngineRequest(prompt, max_new_tokens, stop_tokens)
+    check_fits_model(model, request)
     ids = request.token_ids.tolist()
     while True:
         token = int(model.forward(ids)[-1].argmax())

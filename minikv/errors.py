@@ -54,6 +54,10 @@ class OutOfSlotsError(MiniKVError, RuntimeError):
     """The page pool cannot supply the requested slots, even after eviction."""
 
 
+class StepLimitError(MiniKVError, RuntimeError):
+    """The engine still had work after the number of steps it was given (``Engine.run(max_steps)``)."""
+
+
 class DoubleFreeError(MiniKVError, RuntimeError):
     """Slots returned to the pool that were already free (or returned twice)."""
 

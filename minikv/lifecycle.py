@@ -61,8 +61,8 @@ class Step(NamedTuple):
 class Request:
     """A request between admission and finish: what it matched and which slots it holds.
 
-    ``input_ids`` is the request's own read-only copy of the prompt, so the
-    caller may reuse its buffer at once.
+    ``input_ids`` is the request's own read-only copy of the prompt, and
+    ``indices`` its own copy of the slots, so the caller may reuse its buffers at once.
     """
 
     input_ids: np.ndarray
@@ -84,6 +84,9 @@ class Request:
 
     def __post_init__(self) -> None:
         self.input_ids = _own_copy(self.input_ids)
+        if not isinstance(self.indices, torch.Tensor):
+            raise ArgumentTypeError(f"indices must be a tensor of slots, got {type(self.indices).__name__}")
+        self.indices = self.indices.clone()
 
     @property
     def cached_len(self) -> int:
@@ -185,21 +188,41 @@ def finish(manager: BaseCacheManager, pool: PagePool, request: Request) -> int:
     request.already_cached = already  # from here on the tree owns what it took
     request.trace.append(Step(4, "insert_prefix", f"{already} tokens were already cached"))
 
-    # Slots the tree did not take: duplicates of what another request inserted
-    # meanwhile, and the partial last page that page-aligned insertion leaves out.
     cached, total = request.cached_len, len(request.input_ids)
+    pool.free(slots_to_free(request.indices, cached, already, manager.page_size))
     num_duplicates = max(already - cached, 0)
-    if num_duplicates:
-        pool.free(request.indices[cached:already])
     tail_start = max(total - total % manager.page_size, cached)
-    if tail_start < total:
-        pool.free(request.indices[tail_start:])
     partial = f" and a {total - tail_start}-token partial page" if tail_start < total else ""
     request.trace.append(Step(5, "free", f"freed {num_duplicates} duplicate slots{partial}"))
 
     manager.lock_handle(request.handle, unlock=True)
     request.trace.append(Step(7, "unlock", f"released {cached} cached tokens"))
     return already
+
+
+def slots_to_free(indices: torch.Tensor, cached_len: int, already: int, page_size: int) -> torch.Tensor:
+    """Step 5's rule: the slots a request gives back after ``insert_prefix(ids, indices)``.
+
+    The first ``cached_len`` slots were the tree's before (the request's locked
+    match), so they are never freed. The tree did not take:
+
+    - ``indices[cached_len:already]``: duplicates. Another request inserted these
+      tokens meanwhile; the tree keeps its own slots for them, so ours hold a
+      second copy of the same K/V that nobody will read.
+    - the partial last page: insertion is page-aligned, so the tokens after the
+      last whole page stay out of the tree, and their page must go back whole.
+
+    Everything in between now belongs to the tree. The result is whole pages in
+    order (the last one maybe cut short), as :meth:`PagePool.free
+    <minikv.PagePool.free>` takes them. :func:`finish` and the engine
+    (:class:`~minikv.engine.Engine`) both free what this returns.
+    """
+    total = len(indices)
+    duplicates_end = min(max(already, cached_len), total)
+    tail_start = max(total - total % page_size, duplicates_end)
+    if tail_start == total:
+        return indices[cached_len:duplicates_end]
+    return torch.cat([indices[cached_len:duplicates_end], indices[tail_start:]])
 
 
 def abort(manager: BaseCacheManager, pool: PagePool, request: Request) -> None:

@@ -32,11 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from numbers import Real
 from types import MappingProxyType
 from typing import Any
 
 from .base import SizeInfo
-from .errors import ArgumentTypeError, IntegrityError
+from .errors import ArgumentError, ArgumentTypeError, IntegrityError
 
 __all__ = [
     "SLOT_STATES",
@@ -182,6 +183,12 @@ class TreeSnapshot:
     _nodes: Mapping[Path, NodeView] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int):
+            raise ArgumentTypeError(f"page_size must be an int, got {type(self.page_size).__name__}")
+        if self.page_size < 1:
+            raise ArgumentError(f"page_size must be at least 1, got {self.page_size}")
+        if not isinstance(self.root, NodeView):
+            raise ArgumentTypeError(f"root must be a NodeView, got {type(self.root).__name__}")
         by_path: dict[Path, NodeView] = {}
         for view in self.depth_first():
             by_path.setdefault(view.path, view)
@@ -194,23 +201,34 @@ class TreeSnapshot:
         Works with :class:`~minikv.RadixCacheManager`, a :class:`~minikv.viz.recorder.TreeRecorder`
         around one, or any object with the same ``root_node`` structure. A broken tree in
         which a node is listed as its own descendant (a cycle) is refused with
-        :class:`~minikv.errors.IntegrityError`; ``max_nodes`` also stops the walk of a tree
-        that is larger than expected.
+        :class:`~minikv.errors.IntegrityError`; a node listed under two parents is recorded
+        under both, with its children under the first only (so the walk takes time linear in
+        the tree, whatever it shares); ``max_nodes`` also stops the walk of a tree that is
+        larger than expected. A field of the wrong type (a ``children`` that is not a
+        dict, a ``key`` or ``value`` that is not a list of ints, a ``ref_count`` that is not a
+        number) is refused with :class:`~minikv.errors.ArgumentTypeError` naming the field.
         """
         root = getattr(manager, "root_node", None)
         if root is None or not hasattr(root, "children"):
             raise ArgumentTypeError(
                 f"manager must be a RadixCacheManager (something with a tree to draw), got {type(manager).__name__}"
             )
-        page_size = int(getattr(manager, "page_size", 1))
+        page_size = _int(getattr(manager, "page_size", 1), "page_size")
+        if page_size < 1:
+            raise ArgumentError(f"manager: page_size must be at least 1, got {page_size}")
         # Walk top down, recording each node with the index of its parent; then build the
         # frozen views bottom up (a child's view must exist before its parent's).
         records: list[tuple[Any, Path, int, Hashable, bool, int]] = [(root, (), 0, None, True, -1)]
         kids_of: list[list[int]] = [[]]
+        expanded: set[int] = set()  # a node listed under two parents is drawn twice, its children once
         position = 0
         while position < len(records):
             node, path, _, _, _, _ = records[position]
-            for filed_under, child in node.children.items():
+            if id(node) in expanded:
+                position += 1
+                continue
+            expanded.add(id(node))
+            for filed_under, child in _children(node):
                 if max_nodes is not None and len(records) > max_nodes:
                     raise IntegrityError(
                         "tree shape",
@@ -220,19 +238,20 @@ class TreeSnapshot:
                     raise IntegrityError(
                         "tree shape", f"a node below {list(path)} is its own ancestor: the tree has a cycle"
                     )
-                child_path = path + tuple(int(t) for t in child.key.tolist())
+                child_path = path + _ints(getattr(child, "key", None), "a node's key")
                 kids_of[position].append(len(records))
-                records.append((child, child_path, len(path), filed_under, child.parent is node, position))
+                parent_ok = getattr(child, "parent", None) is node
+                records.append((child, child_path, len(path), filed_under, parent_ok, position))
                 kids_of.append([])
             position += 1
         views: dict[int, NodeView] = {}
         for index in range(len(records) - 1, -1, -1):
             node, path, start, filed_under, parent_ok, _ = records[index]
             children = sorted((views[k] for k in kids_of[index]), key=_child_order)
-            slots = () if index == 0 else tuple(int(s) for s in node.value.tolist())
-            views[index] = NodeView(
-                path, start, slots, int(node.ref_count), int(node.timestamp), tuple(children), filed_under, parent_ok
-            )
+            slots = () if index == 0 else _ints(getattr(node, "value", None), "a node's value")
+            ref_count = _int(getattr(node, "ref_count", None), "a node's ref_count")
+            timestamp = _int(getattr(node, "timestamp", None), "a node's timestamp")
+            views[index] = NodeView(path, start, slots, ref_count, timestamp, tuple(children), filed_under, parent_ok)
         top = views[0]
         info = getattr(manager, "size_info", None)
         if not isinstance(info, SizeInfo):
@@ -304,7 +323,7 @@ class TreeSnapshot:
 def _child_order(view: NodeView) -> tuple[Any, ...]:
     """Children by the key they are filed under: an int token, then a tuple (a page), then anything else."""
     key = view.filed_under
-    if isinstance(key, tuple):
+    if isinstance(key, tuple) and all(isinstance(t, int) for t in key):
         rank: tuple[Any, ...] = (1, key)
     elif isinstance(key, int):
         rank = (0, (key,))
@@ -315,7 +334,42 @@ def _child_order(view: NodeView) -> tuple[Any, ...]:
 
 def _clock_of(manager: Any) -> int | None:
     clock = getattr(manager, "clock", None)
-    return None if clock is None else int(clock)
+    return None if clock is None else _int(clock, "clock")
+
+
+# -- reading a node's fields, refusing wrong types with a minikv error ---------------------
+
+
+def _children(node: Any) -> list[tuple[Hashable, Any]]:
+    children = getattr(node, "children", None)
+    if not isinstance(children, Mapping):
+        raise ArgumentTypeError(f"manager: a node's children must be a dict, got {type(children).__name__}")
+    return list(children.items())
+
+
+def _int(value: Any, field: str) -> int:
+    """A number as an int (a float timestamp is read too); anything else is refused naming the field."""
+    if hasattr(value, "ndim") and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d tensor or array
+    if not isinstance(value, Real):
+        raise ArgumentTypeError(f"manager: {field} must be a number, got {type(value).__name__}")
+    try:
+        return int(value)  # type: ignore[call-overload,no-any-return]
+    except (ValueError, OverflowError):
+        raise ArgumentTypeError(f"manager: {field} must be a finite number, got {value!r}") from None
+
+
+def _ints(value: Any, field: str) -> tuple[int, ...]:
+    """A 1-D tensor, array or sequence of ints as a tuple; anything else is refused naming the field."""
+    if getattr(value, "ndim", 1) != 1 or isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(f"manager: {field} must be a 1-D list of ints, got {type(value).__name__}")
+    items = value.tolist() if hasattr(value, "tolist") else value
+    try:
+        return tuple(_int(item, field) for item in items)
+    except ArgumentTypeError:
+        raise
+    except TypeError:
+        raise ArgumentTypeError(f"manager: {field} must be a list of ints, got {type(value).__name__}") from None
 
 
 def node_path(node: Any, *, limit: int | None = None) -> Path:

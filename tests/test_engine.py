@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from minikv import RadixCacheManager
-from minikv.engine import Engine, EngineRequest, Status, make_engine, recompute, tree_slots
-from minikv.errors import ArgumentError, ArgumentTypeError, MiniKVError
+from minikv.engine import EarlyFreeEngine, Engine, EngineRequest, Status, make_engine, recompute, tree_slots
+from minikv.engine_stats import EngineStats, StatsRecorder
+from minikv.errors import ArgumentError, ArgumentTypeError, MiniKVError, StepLimitError
 from minikv.tiny_model import TinyDecoder
 
 VOCAB = 32
@@ -266,7 +267,7 @@ def test_freeing_before_the_in_flight_batch_read_its_slots_gives_wrong_tokens(mo
     wanted = [recompute(model, first, 2), recompute(model, second, 2)]
     safe = make_engine(model, 64, max_running=1, overlap=True)
     assert run_checked(safe, [first, second], 2) == wanted
-    early = make_engine(model, 64, max_running=1, overlap=True, unsafe_early_free=True)
+    early = make_engine(model, 64, max_running=1, overlap=True, engine_class=EarlyFreeEngine)
     outputs = early.generate([first, second], 2)
     assert outputs[0] != wanted[0]  # the last token was computed from `second`'s ids and slots
     assert outputs[1] == wanted[1]
@@ -428,3 +429,132 @@ def test_a_request_takes_any_integer_numpy_array(model: TinyDecoder, prompt: np.
     assert request.prompt.tolist() == prompt.tolist() and request.prompt.dtype == np.int64
     engine = make_engine(model, num_pages=32)
     assert engine.generate([prompt], 3) == [recompute(model, prompt.tolist(), 3)]
+
+
+# -- every entry point names its bad argument and changes nothing ------------------------------
+
+
+def test_run_refuses_a_bad_step_budget_and_says_when_work_is_left(model: TinyDecoder) -> None:
+    engine = make_engine(model, 32)
+    engine.submit(EngineRequest([1, 2, 3], 4))
+    before = engine_state(engine)
+    for bad, error in [
+        (2.5, ArgumentTypeError),
+        (-1, ArgumentError),
+        (True, ArgumentTypeError),
+        ("9", ArgumentTypeError),
+    ]:
+        with pytest.raises(error, match="max_steps"):
+            engine.run(bad)  # type: ignore[arg-type]
+        assert engine_state(engine) == before
+    with pytest.raises(StepLimitError, match="max_steps: the engine did not finish within 2 steps"):
+        engine.run(2)
+    assert issubclass(StepLimitError, RuntimeError) and issubclass(StepLimitError, MiniKVError)
+    engine.run()
+    # A budget that is exactly enough is enough: one prefill and three decode steps, the last one finishing.
+    assert engine.run(0) is engine.finished  # nothing to do: no step needed
+    request = engine.submit(EngineRequest([1, 2, 3], 4))
+    assert engine.run(4)[-1] is request and request.finished
+
+
+def test_generate_refuses_arguments_that_are_not_lists(model: TinyDecoder) -> None:
+    engine = make_engine(model, 32)
+    before = engine_state(engine)
+    for prompts, stops, name in [(5, (), "prompts"), ("abc", (), "prompts"), ([[1, 2]], 3, "stop_tokens"),
+                                 ([[1, 2]], "ab", "stop_tokens"), ([[1, 2]], [1.5], "stop_tokens")]:  # fmt: skip
+        with pytest.raises(ArgumentTypeError, match=name):
+            engine.generate(prompts, 2, stops)  # type: ignore[arg-type]
+        assert engine_state(engine) == before
+    with pytest.raises(ArgumentTypeError, match="max_new_tokens"):
+        engine.generate([[1, 2]], 2.0)  # type: ignore[arg-type]
+    assert engine_state(engine) == before
+    stops = iter([VOCAB - 1])  # read once, used for every prompt
+    assert engine.generate([[1, 2], [3, 4]], 3, stops) == [
+        recompute(model, p, 3, [VOCAB - 1]) for p in ([1, 2], [3, 4])
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        ({"num_pages": 0}, ArgumentError, "num_pages"),
+        ({"num_pages": 4.0}, ArgumentTypeError, "num_pages"),
+        ({"page_size": 0}, ArgumentError, "page_size"),
+        ({"page_size": "4"}, ArgumentTypeError, "page_size"),
+        ({"max_running": 0}, ArgumentError, "max_running"),
+        ({"max_running": True}, ArgumentTypeError, "max_running"),
+        ({"overlap": "yes"}, ArgumentTypeError, "overlap"),
+        ({"insert_after_prefill": 1}, ArgumentTypeError, "insert_after_prefill"),
+        ({"manager": "lru"}, ArgumentError, "manager"),
+        ({"manager": 3}, ArgumentTypeError, "manager"),
+        ({"engine_class": int}, ArgumentTypeError, "engine_class"),
+        ({"engine_class": "Engine"}, ArgumentTypeError, "engine_class"),
+    ],
+)
+def test_make_engine_names_its_bad_argument(model: TinyDecoder, change: dict, error: type, name: str) -> None:
+    manager = OwnRadix()
+    arguments = {"num_pages": 16, "manager": manager, **change}
+    with pytest.raises(error, match=name):
+        make_engine(model, **arguments)
+    assert manager.size_info.total_size == 0 and manager.root_node.children == {}
+
+
+def test_the_engine_constructor_refuses_flags_that_are_not_bools(model: TinyDecoder) -> None:
+    parts = make_engine(model, 8)
+    for name in ("overlap", "insert_after_prefill"):
+        with pytest.raises(ArgumentTypeError, match=name):
+            Engine(model, parts.cache, parts.pool, parts.kv_cache, **{name: "no"})  # type: ignore[arg-type]
+    assert Engine(model, parts.cache, parts.pool, parts.kv_cache, overlap=np.bool_(True)).overlap is True
+
+
+def test_recompute_refuses_what_submit_refuses(model: TinyDecoder) -> None:
+    for args, error, match in [
+        (([1, VOCAB], 2), ArgumentError, "prompt: token ids"),
+        (([1, 2], 2, [VOCAB]), ArgumentError, "stop_tokens"),
+        (([1] * 90, 8), ArgumentError, "max_positions"),
+        (([], 2), ArgumentError, "at least one token"),
+        (([1, 2], 0), ArgumentError, "max_new_tokens"),
+    ]:
+        with pytest.raises(error, match=match):
+            recompute(model, *args)
+    with pytest.raises(ArgumentTypeError, match="model"):
+        recompute(object(), [1, 2], 2)  # type: ignore[arg-type]
+
+
+# -- the statistics are kept beside the loop ------------------------------------------------------
+
+
+def test_stats_count_what_the_engine_did(model: TinyDecoder, prompts: list[list[int]]) -> None:
+    engine = make_engine(model, 40, max_running=3)  # tight: evicts and preempts
+    second = StatsRecorder().attach(engine)  # a second recorder sees the same events
+    requests = [engine.submit(EngineRequest(p, 10)) for p in prompts]
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    stats = engine.stats
+    assert isinstance(stats, EngineStats)
+    assert stats.steps == steps
+    assert stats.prompt_tokens == sum(len(p) for p in prompts)
+    assert stats.cached_tokens == sum(sum(r.admissions) for r in requests)
+    assert stats.preemptions == sum(r.num_preemptions for r in requests) > 0
+    assert stats.evicted_slots == engine.pool.num_evicted_slots > 0
+    # Each admission's prefill gives one token (a resumed request's too); decode gives the rest.
+    assert stats.decode_tokens == sum(len(r.output) - len(r.admissions) for r in requests)
+    assert stats.prefill_batches + stats.decode_batches <= stats.steps
+    assert 0 < stats.prefill_seconds <= stats.model_seconds <= stats.step_seconds
+    assert 0 < stats.cache_seconds <= stats.step_seconds
+    counts = ("steps", "prefill_batches", "decode_batches", "prompt_tokens", "prefill_tokens", "cached_tokens",
+              "decode_tokens", "preemptions", "evicted_slots")  # fmt: skip
+    assert [getattr(second, c) for c in counts] == [getattr(stats, c) for c in counts]
+
+
+def test_the_engine_loop_neither_counts_nor_times() -> None:
+    """Issue 21: the scheduler's methods read as the scheduler; the recorder keeps the figures."""
+    import inspect
+
+    import minikv.engine as engine_module
+
+    source = inspect.getsource(engine_module)
+    for trace in ("self.stats.", "perf_counter", "import time", "unsafe_early_free"):
+        assert trace not in source

@@ -26,7 +26,7 @@ from minikv import (
 )
 from minikv.base import BaseCacheManager
 from minikv.errors import ArgumentError, ArgumentTypeError, LockError, OutOfSlotsError
-from minikv.lifecycle import Step, abort, store
+from minikv.lifecycle import Step, abort, slots_to_free, store
 
 HEADS, HEAD_DIM, LAYERS = 2, 3, 2
 
@@ -471,3 +471,53 @@ def test_a_failed_store_leaves_the_request_running_for_abort() -> None:
         with pytest.raises(LockError, match="aborted"):
             again(manager, pool, request)
         assert (manager_snapshot(manager), pool_snapshot(pool)) == before
+
+
+# -- the one rule for what a request frees ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("total", "cached", "already", "page_size", "freed"),
+    [
+        (5, 2, 2, 1, []),  # nothing duplicated, no partial page
+        (5, 2, 4, 1, [2, 3]),  # two duplicates, from cached_len (never the tree's first two)
+        (5, 0, 5, 1, [0, 1, 2, 3, 4]),  # the naive manager: "everything was cached", all go back
+        (10, 4, 4, 4, [8, 9]),  # the partial last page
+        (10, 4, 8, 4, [4, 5, 6, 7, 8, 9]),  # a duplicated page and the partial page
+        (8, 4, 8, 4, [4, 5, 6, 7]),  # whole pages only
+        (3, 0, 0, 4, [0, 1, 2]),  # shorter than a page: the tree takes nothing
+    ],
+)
+def test_slots_to_free_gives_back_what_the_tree_did_not_take(
+    total: int, cached: int, already: int, page_size: int, freed: list[int]
+) -> None:
+    indices = torch.arange(total, dtype=torch.int32)
+    assert slots_to_free(indices, cached, already, page_size).tolist() == freed
+
+
+def test_slots_to_free_returns_pages_the_pool_takes_back() -> None:
+    """Over every length, match and insert result: the tree's part, its own part and the freed part
+    cover the request's slots once, and the pool takes the freed part back whole."""
+    for page_size in (1, 2, 3, 4):
+        for total in range(1, 13):
+            for cached in range(0, total // page_size * page_size + 1, page_size):
+                aligned = total - total % page_size
+                for already in range(cached, aligned + 1, page_size):
+                    pool = PagePool(16, page_size)
+                    indices = pool.allocate(total)
+                    freed = slots_to_free(indices, cached, already, page_size)
+                    kept = indices[already:aligned]  # what the tree took
+                    parts = [*indices[:cached].tolist(), *freed.tolist(), *kept.tolist()]
+                    assert sorted(parts) == sorted(indices.tolist())
+                    pool.free(freed)  # whole pages, in order (the last maybe cut short)
+                    assert pool.num_free_slots == 16 * page_size - (cached + len(kept))
+
+
+def test_finish_and_the_engine_free_by_the_one_rule() -> None:
+    import inspect
+
+    import minikv.engine as engine_module
+    import minikv.lifecycle as lifecycle_module
+
+    assert "slots_to_free(" in inspect.getsource(lifecycle_module.finish)
+    assert inspect.getsource(engine_module).count("slots_to_free(") == 2  # _release and _insert_unfinished
