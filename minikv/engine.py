@@ -82,11 +82,12 @@ from ._validate import as_count, as_positive, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .engine_stats import EngineStats, StatsRecorder
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError, StepLimitError
+from .integrity import tree_slots
 from .lifecycle import slots_to_free
 from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
-from .radix_manager import RadixCacheManager, RadixTreeNode
+from .radix_manager import RadixCacheManager
 
 
 class Status(enum.Enum):
@@ -479,13 +480,13 @@ class Engine:
         slots = self.req_to_token[request.row, :aligned].clone()
         ids = torch.from_numpy(request.token_ids[:aligned])
         already = self.cache.insert_prefix(ids, slots, handle=request.handle)
-        handle, tree_slots = self.cache.match_prefix(ids)
+        handle, cached_slots = self.cache.match_prefix(ids)
         self.cache.lock_handle(handle)
         self.cache.lock_handle(request.handle, unlock=True)
         # Of the slots the new match covers, free what the tree did not take from us. The request
         # keeps the rest (the naive manager keeps nothing: its match is empty, nothing is freed).
         self.pool.free(slots_to_free(slots[: handle.cached_len], cached, already, self.page_size))
-        self.req_to_token[request.row, : handle.cached_len] = tree_slots
+        self.req_to_token[request.row, : handle.cached_len] = cached_slots
         request.handle = handle
 
     def _drain(self) -> None:
@@ -524,24 +525,6 @@ class EarlyFreeEngine(Engine):
             self.running.remove(request)
             self._release(request)  # too early: the batch in flight has not read its row yet
         return super()._schedule()
-
-
-def tree_slots(cache: BaseCacheManager) -> torch.Tensor:
-    """Every slot a cache manager's tree holds (none for a manager without a tree), in no particular order.
-
-    Any manager whose ``root_node`` has :class:`~minikv.radix_manager.RadixTreeNode` children is read, so a learner's
-    own radix cache (exercise 5) is checked by :meth:`Engine.check` like minikv's.
-    """
-    root = getattr(cache, "root_node", None)
-    if root is None:
-        return torch.empty(0, dtype=torch.int32)
-    values = []
-    stack: list[RadixTreeNode] = list(root.children.values())
-    while stack:
-        node = stack.pop()
-        values.append(node.value)
-        stack.extend(node.children.values())
-    return torch.cat(values) if values else torch.empty(0, dtype=torch.int32, device=getattr(cache, "device", "cpu"))
 
 
 def check_model(model: object) -> None:

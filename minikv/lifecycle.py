@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._validate import as_token_ids
+from ._validate import as_token_ids, check_fits_int64
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .errors import ArgumentError, ArgumentTypeError, LockError
 from .page_pool import PagePool
@@ -292,12 +292,8 @@ def _own_copy(input_ids: object) -> np.ndarray:
         and input_ids.ndim == 1
     ):
         return input_ids
-    if (
-        isinstance(input_ids, np.ndarray)
-        and input_ids.dtype == np.uint64
-        and np.any(input_ids > np.iinfo(np.int64).max)
-    ):
-        raise ArgumentError("input_ids: a token id does not fit in int64")
+    if isinstance(input_ids, np.ndarray):
+        check_fits_int64(input_ids, "input_ids")
     ids = np.array(as_token_ids(input_ids), dtype=np.int64)  # type: ignore[arg-type]
     ids.setflags(write=False)
     return ids
