@@ -145,3 +145,12 @@ def test_gpu_runtime_where_it_helps() -> None:
         metadata = read(colab_copy.colab_path(page))["metadata"]
         wants_gpu = metadata.get("accelerator") == "GPU" and metadata["colab"].get("gpuType") == "T4"
         assert wants_gpu == (page in GPU_PAGES), page
+
+
+@pytest.mark.parametrize("page", ["book/06_forward_pass.ipynb", "book/07_real_model.ipynb"])
+def test_token_equality_with_a_recompute_runs_on_the_cpu_on_every_runtime(page: str) -> None:
+    """Batched and one-by-one matmuls round alike on the CPU (nbval checks it), not always on CUDA."""
+    code = "\n".join("".join(c["source"]) for c in read(page)["cells"] if c["cell_type"] == "code")
+    assert "recompute(" in code
+    assert re.search(r"^# The CPU on every runtime.*\n(?:#.*\n)*device = \"cpu\"$", code, re.M), page
+    assert "cuda" not in code.replace("# on CUDA", "").replace("CUDA", ""), f"{page} picks a device elsewhere"
