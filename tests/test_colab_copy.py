@@ -154,3 +154,26 @@ def test_token_equality_with_a_recompute_runs_on_the_cpu_on_every_runtime(page: 
     assert "recompute(" in code
     assert re.search(r"^# The CPU on every runtime.*\n(?:#.*\n)*device = \"cpu\"$", code, re.M), page
     assert "cuda" not in code.replace("# on CUDA", "").replace("CUDA", ""), f"{page} picks a device elsewhere"
+
+
+def test_every_link_to_the_book_lands_on_a_built_page_and_anchor() -> None:
+    """Terms, references and pages the copies link to exist in the book ``make test`` builds first."""
+    html = REPO / "_build" / "html"
+    if not (html / "book" / "glossary.html").is_file():
+        pytest.skip("the book is not built (make test builds it before the tests)")
+    site = set_repository.pages_url(set_repository.read_repository(REPO))
+    links = set()
+    for page in pages():
+        for text in markdown_cells(read(colab_copy.colab_path(page))):
+            links |= set(re.findall(rf"\(({re.escape(site)}[^)\s]+)\)", text))
+    assert len(links) >= 20, links
+    broken = []
+    for link in sorted(links):
+        path, _, anchor = link.removeprefix(site).partition("#")
+        built = html / path
+        if not built.is_file() or (anchor and f'id="{anchor}"' not in built.read_text(encoding="utf-8")):
+            broken.append(link)
+    assert broken == [], broken
+    launch = (html / "book" / "05_radix.html").read_text(encoding="utf-8")
+    url = set_repository.colab_url(set_repository.read_repository(REPO), "colab/book/05_radix.ipynb")
+    assert url in launch, "the launch button does not open the Colab copy"
