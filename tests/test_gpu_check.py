@@ -86,3 +86,19 @@ def test_the_wheel_script_prints_an_offline_ready_download(tmp_path: Path) -> No
     assert "--only-binary=:all:" in command and "3.12" in command
     assert {"pytest", "nbval", "hypothesis"} <= set(command) and not {"torch", "triton"} & set(command)
     assert not (tmp_path / "w").exists()
+
+
+def test_the_notebooks_step_runs_the_kernel_and_the_float_equalities() -> None:
+    """Chapter 3 and exercise 3 (the kernel on CUDA); chapter 6 and solved exercise 5 (engine == recompute)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gpu_check
+
+    assert set(gpu_check.NOTEBOOKS) == {
+        "book/03_storage.ipynb",
+        "exercises/ex3_storage.ipynb",
+        "book/06_forward_pass.ipynb",
+        "exercises/solved/ex5_radix.ipynb",
+    }
+    assert all((REPO / path).is_file() for path in gpu_check.NOTEBOOKS)

@@ -159,3 +159,46 @@ def test_root_and_debian_only_inside_a_container() -> None:
             needs_root = any(word in runs for word in ("apt-get", "setup.sh", "make ", ".ci/run"))
             if needs_root:
                 assert job.get("container"), f"{path.name}: job {name} needs root and Debian but has no container"
+
+
+def test_weekly_colab_job_runs_every_notebook_on_colabs_pins_and_python() -> None:
+    """Colab's Python from the pins file, minikv from the install cells' own URL at the run's commit."""
+    job = load("weekly.yml")["jobs"]["colab"]
+    pins = (REPO / "colab" / "requirements-colab.txt").read_text()
+    python = re.search(r"^# python: (\S+)$", pins, re.M)
+    assert python, "colab/requirements-colab.txt names no Python"
+    assert job["container"] == f"python:{python[1]}-bookworm"
+    assert job["env"]["MINIKV_COLAB_FROM_GITHUB"] == "1"
+    assert "github.sha" in job["env"]["MINIKV_COLAB_EXPECT_COMMIT"]
+    runs = [str(step.get("run", "")) for step in job["steps"]]
+    assert any("pytest" in run and "tests/test_colab_sim.py" in run for run in runs), runs
+    assert any("apt-get install" in run and "graphviz" in run for run in runs)
+    # The same test is part of `make test` (Makefile: pytest ... tests), so the two runs cannot drift apart.
+    assert (REPO / "tests" / "test_colab_sim.py").is_file()
+
+
+def test_a_failed_weekly_run_opens_or_updates_an_issue() -> None:
+    workflow = load("weekly.yml")
+    report = workflow["jobs"]["report"]
+    assert set(report["needs"]) == set(workflow["jobs"]) - {"report"}, "the report waits for every other job"
+    assert "failure()" in report["if"] and "schedule" in report["if"]
+    assert report["permissions"] == {"issues": "write"}
+    (step,) = report["steps"]
+    assert str(step["uses"]).startswith("actions/github-script@")
+    script = step["with"]["script"]
+    assert "issues.createComment" in script and "issues.create(" in script and 'state: "open"' in script
+
+
+def test_actions_are_on_their_node_24_majors() -> None:
+    """GitHub moved runners to Node 24: every action at least at a major that runs on it."""
+    current = {
+        "actions/checkout": 5, "actions/cache": 5, "actions/setup-node": 5, "actions/github-script": 8,
+        "actions/upload-pages-artifact": 4, "actions/deploy-pages": 5,
+    }  # fmt: skip
+    for path in WORKFLOWS:
+        for job in yaml.safe_load(path.read_text())["jobs"].values():
+            for step in job.get("steps", []):
+                if "uses" in step:
+                    action, _, major = str(step["uses"]).partition("@v")
+                    assert action in current, f"{path.name}: {step['uses']} (add its Node 24 major here)"
+                    assert int(major) >= current[action], f"{path.name}: {step['uses']} runs on an old Node"
