@@ -111,7 +111,9 @@ def torch_pin() -> tuple[str, list[str], str]:
 
 
 def base_python() -> str:
-    return os.environ.get("MINIKV_COLAB_PYTHON") or getattr(sys, "_base_executable", sys.executable)
+    """The Python the test venv was made from (a venv of a venv would inherit its packages' paths)."""
+    installed = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return os.environ.get("MINIKV_COLAB_PYTHON") or str(installed if installed.exists() else sys.executable)
 
 
 def clean_env(venv: Path | None = None) -> dict[str, str]:
