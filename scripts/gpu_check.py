@@ -19,12 +19,17 @@ every command's output to ``OUT_DIR/gpu_check.log``):
    tokens, with ``triton.testing.do_bench``), written to ``store_cuda.json``; the issue's
    targets (>= 85% of copy bandwidth from 16k tokens, ``store_kv`` <= 2x a bare launch)
    are reported as met or missed, not failed: they are measurements.
-5. ``replay``: the radix manager, page pool and lifecycle with CUDA slot tensors replay
+5. ``paged_attention_benchmark``: ``benchmarks/paged_attention.py --device cuda`` (the paged
+   decode-attention kernel against the gather path and a device copy, bf16, 32 heads over 8 KV
+   heads x 128, pages of 16, 1k..64k cached tokens per request), written to
+   ``paged_attention_cuda.json``; the issue's target (>= 70% of copy bandwidth at 16k cached
+   tokens) is reported as met or missed. The kernel's CUDA tests run in ``unit_tests``.
+6. ``replay``: the radix manager, page pool and lifecycle with CUDA slot tensors replay
    request streams (page sizes 1 and 4, a pool tight enough to evict) and must give the
    same hits, request by request, as on CPU, with K/V stored through ``store_kv``.
-6. ``graph_capture``: ``store_kv`` under ``torch.cuda.set_sync_debug_mode("error")`` (no
+7. ``graph_capture``: ``store_kv`` under ``torch.cuda.set_sync_debug_mode("error")`` (no
    host-device sync) and captured in a CUDA graph, replayed with new K/V and new slots.
-7. ``notebooks``: nbval (lax: every cell must run, every assert hold) on chapter 3 and exercise 3
+8. ``notebooks``: nbval (lax: every cell must run, every assert hold) on chapter 3 and exercise 3
    (the Triton kernel compiled), chapter 6 and solved exercise 5 (the engine's token-for-token
    equality with a recompute, their models on the CPU as the notebooks say, the interpreter off).
 
@@ -52,7 +57,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = Path(os.environ.get("MINIKV_GPU_CHECK_REQUIREMENTS") or REPO / "scripts" / "gpu_check_requirements.txt")
-STEPS = ("environment", "install", "unit_tests", "store_benchmark", "replay", "graph_capture", "notebooks")
+STEPS = (
+    "environment", "install", "unit_tests", "store_benchmark", "paged_attention_benchmark", "replay",
+    "graph_capture", "notebooks",
+)  # fmt: skip
 NOTEBOOKS = (
     "book/03_storage.ipynb",
     "exercises/ex3_storage.ipynb",
@@ -177,6 +185,23 @@ def store_benchmark(check: Check) -> dict[str, Any]:
     return result
 
 
+def paged_attention_benchmark(check: Check) -> dict[str, Any]:
+    device = "cpu" if check.dry_run else "cuda"
+    command = [sys.executable, "benchmarks/paged_attention.py", "--device", device]
+    result = check.run("paged_attention_benchmark", command + (["--quick"] if check.dry_run else []), timeout=240)
+    doc = json.loads(
+        (check.out / ("paged_attention.json" if check.dry_run else "paged_attention_cuda.json")).read_text()
+    )
+    at_16k = [r["vs_copy"] for r in doc["rows"] if r["variant"] == "paged kernel" and r["tokens_per_request"] == 16_384]
+    result["targets"] = {
+        "paged kernel >= 0.7 of copy bandwidth at 16k cached tokens": {
+            "measured": at_16k[0] if at_16k else None,
+            "met": bool(at_16k) and at_16k[0] >= 0.7,
+        }
+    }
+    return result
+
+
 def replay(check: Check) -> dict[str, Any]:
     import torch
 
@@ -277,6 +302,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "install": install,
     "unit_tests": unit_tests,
     "store_benchmark": store_benchmark,
+    "paged_attention_benchmark": paged_attention_benchmark,
     "replay": replay,
     "graph_capture": graph_capture,
     "notebooks": notebooks,
