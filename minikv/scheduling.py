@@ -19,7 +19,7 @@ Measuring the match must not change the tree: a match stamps the path (LRU
 order) and splits a node where it ends inside one, so a policy that called
 ``match_prefix`` on every waiting request at every step would reorder eviction.
 :func:`cached_prefix_len` uses the read-only half of the walk,
-:meth:`RadixCacheManager.find <minikv.radix_manager.RadixCacheManager.find>`.
+:meth:`RadixCacheManager.find <minikv.RadixCacheManager.find>`.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Aging(SchedulingPolicy):
     """Longest prefix first, but each step a request has waited counts as ``tokens_per_step`` cached tokens.
 
     Priority is ``cached prefix + tokens_per_step * waited steps``
-    (:attr:`EngineRequest.waited_steps <minikv.engine.EngineRequest.waited_steps>`).
+    (``EngineRequest.waited_steps``).
     A request that has waited ``L / tokens_per_step`` steps longer than a newcomer
     outranks it whatever their matches (``L``: the longest prompt), so only requests
     that arrived before it, finitely many, can still go first: its wait is bounded.
@@ -170,8 +170,8 @@ def cached_prefix_len(cache: BaseCacheManager, ids: np.ndarray) -> int:
     """How many tokens of ``ids[:-1]`` admission would match now (page-aligned), without changing the tree.
 
     ``ids[:-1]``, as admission matches: the last token is always computed. Only a
-    :class:`~minikv.radix_manager.RadixCacheManager` can be asked without a change
-    (its :meth:`~minikv.radix_manager.RadixCacheManager.find`); for any other
+    :class:`~minikv.RadixCacheManager` can be asked without a change
+    (its :meth:`~minikv.RadixCacheManager.find`); for any other
     manager this is 0, and the prefix-aware policies fall back to arrival order.
     """
     if not isinstance(cache, RadixCacheManager):
