@@ -342,8 +342,7 @@ class Engine:
         # One page per running request stays free for its next decode step, so that admitting
         # newcomers never forces the requests already running into preemption.
         reserve = self.page_size * len(self.running)
-        if self.waiting:
-            self.waiting = deque(self._ordered(self.waiting))
+        self._order_waiting()
         while self.waiting and len(self.running) < self.max_running and self._free_rows:
             request = self.waiting[0]
             if not self._admit(request, reserve):
@@ -359,12 +358,17 @@ class Engine:
         rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
         return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
 
-    def _ordered(self, waiting: deque[EngineRequest]) -> list[EngineRequest]:
-        """The policy's order of the waiting queue; refused unless it is the same requests."""
-        ordered = self.policy.order(list(waiting), self.cache)
-        if len(ordered) != len(waiting) or {id(r) for r in ordered} != {id(r) for r in waiting}:
+    def _order_waiting(self) -> None:
+        """Put the waiting queue in the policy's order (in place); refused unless it is the same requests."""
+        if not self.waiting:
+            return
+        ordered = self.policy.order(list(self.waiting), self.cache)
+        if not isinstance(ordered, list):
+            raise ArgumentTypeError(f"policy: {self.policy!r}.order must return a list, got {type(ordered).__name__}")
+        if len(ordered) != len(self.waiting) or {id(r) for r in ordered} != {id(r) for r in self.waiting}:
             raise ArgumentError(f"policy: {self.policy!r} must return the waiting requests, each once, reordered")
-        return ordered
+        self.waiting.clear()
+        self.waiting.extend(ordered)
 
     def _admit(self, request: EngineRequest, reserve: int) -> bool:
         """Reserve its memory, then give it a row. False (and nothing held) if it does not fit now."""

@@ -257,11 +257,19 @@ class Dropping(SchedulingPolicy):
         return list(waiting)[1:]
 
 
-def test_a_policy_that_loses_a_request_is_refused_and_the_queue_kept() -> None:
-    engine = make_engine(MODEL, 32, policy=Dropping())
+class Lazy(SchedulingPolicy):
+    def order(self, waiting, cache):  # type: ignore[no-untyped-def]
+        return reversed(waiting)
+
+
+@pytest.mark.parametrize(("policy", "error"), [(Dropping(), ArgumentError), (Lazy(), ArgumentTypeError)])
+def test_a_policy_that_loses_a_request_is_refused_and_the_queue_kept(
+    policy: SchedulingPolicy, error: type[Exception]
+) -> None:
+    engine = make_engine(MODEL, 32, policy=policy)
     first = engine.submit(EngineRequest([1, 2, 3], 2))
     second = engine.submit(EngineRequest([4, 5], 2))
-    with pytest.raises(ArgumentError, match="policy"):
+    with pytest.raises(error, match="policy"):
         engine.step()
     assert list(engine.waiting) == [first, second] and not engine.running
     engine.check()
