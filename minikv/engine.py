@@ -35,6 +35,11 @@ A request goes through
 is kept by a :class:`~minikv.engine_stats.StatsRecorder`, which wraps a few of
 this engine's methods (:mod:`minikv.engine_stats` lists which).
 
+**Scheduling.** Which waiting request goes first is the policy's choice
+(:mod:`minikv.scheduling`): at the start of each step the engine asks its
+policy to order the waiting queue, then admits from the front until a request
+does not fit. The default, :class:`~minikv.scheduling.FCFS`, keeps arrival order.
+
 **Preemption.** When decode cannot get a slot even after evicting every unlocked
 prefix, the newest running request is preempted (as nano-vllm does) and put back
 at the front of the waiting queue. Preemption *inserts its finished prefix
@@ -88,6 +93,7 @@ from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
 from .radix_manager import RadixCacheManager
+from .scheduling import SchedulingPolicy, as_policy
 
 
 class Status(enum.Enum):
@@ -140,6 +146,8 @@ class EngineRequest:
         self.num_preemptions = 0
         self.admissions: list[int] = []
         """The cached length each admission matched (more than one after a preemption)."""
+        self.waited_steps = 0
+        """Steps spent in the waiting queue, after a preemption too (:class:`~minikv.scheduling.Aging` reads it)."""
 
     @property
     def token_ids(self) -> np.ndarray:
@@ -187,6 +195,8 @@ class Engine:
     prefilled, as mini-sglang and SGLang do; without it a prompt is cached only
     when its request finishes, so requests running side by side never share.
     ``overlap`` schedules one step ahead, as described in the module docstring.
+    ``policy`` orders the waiting queue before admission (a
+    :class:`~minikv.scheduling.SchedulingPolicy` or its name, :func:`~minikv.scheduling.as_policy`).
     ``stats`` counts and times what it does (:class:`~minikv.engine_stats.EngineStats`).
     """
 
@@ -199,6 +209,7 @@ class Engine:
         max_running: int = 8,
         overlap: bool = False,
         insert_after_prefill: bool = True,
+        policy: SchedulingPolicy | str = "fcfs",
     ) -> None:
         check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
@@ -215,6 +226,7 @@ class Engine:
         self.max_running = as_positive(max_running, "max_running")
         self.overlap = _as_flag(overlap, "overlap")
         self.insert_after_prefill = _as_flag(insert_after_prefill, "insert_after_prefill")
+        self.policy = as_policy(policy)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         """Oldest admission first: preemption takes the last."""
@@ -330,6 +342,7 @@ class Engine:
         # One page per running request stays free for its next decode step, so that admitting
         # newcomers never forces the requests already running into preemption.
         reserve = self.page_size * len(self.running)
+        self._order_waiting()
         while self.waiting and len(self.running) < self.max_running and self._free_rows:
             request = self.waiting[0]
             if not self._admit(request, reserve):
@@ -338,10 +351,24 @@ class Engine:
             self.running.append(request)
             admitted.append(request)
             reserve += self.page_size
+        for request in self.waiting:
+            request.waited_steps += 1
         if not admitted:
             return None
         rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
         return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
+
+    def _order_waiting(self) -> None:
+        """Put the waiting queue in the policy's order (in place); refused unless it is the same requests."""
+        if not self.waiting:
+            return
+        ordered = self.policy.order(list(self.waiting), self.cache)
+        if not isinstance(ordered, list):
+            raise ArgumentTypeError(f"policy: {self.policy!r}.order must return a list, got {type(ordered).__name__}")
+        if len(ordered) != len(self.waiting) or {id(r) for r in ordered} != {id(r) for r in self.waiting}:
+            raise ArgumentError(f"policy: {self.policy!r} must return the waiting requests, each once, reordered")
+        self.waiting.clear()
+        self.waiting.extend(ordered)
 
     def _admit(self, request: EngineRequest, reserve: int) -> bool:
         """Reserve its memory, then give it a row. False (and nothing held) if it does not fit now."""
@@ -581,12 +608,14 @@ def make_engine(
     overlap: bool = False,
     insert_after_prefill: bool = True,
     engine_class: type[Engine] = Engine,
+    policy: SchedulingPolicy | str = "fcfs",
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
     ``manager`` is ``"radix"`` or ``"naive"`` for a fresh minikv manager, or a manager of your
     own (an empty one, with ``page_size`` pages), such as the radix cache of exercise 5.
     ``engine_class`` builds a subclass of :class:`Engine` instead, such as :class:`EarlyFreeEngine`.
+    ``policy`` orders the waiting queue (:func:`~minikv.scheduling.as_policy`: a policy or its name).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
@@ -598,6 +627,7 @@ def make_engine(
     as_positive(max_running, "max_running")
     _as_flag(overlap, "overlap")
     _as_flag(insert_after_prefill, "insert_after_prefill")
+    policy = as_policy(policy)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
@@ -628,7 +658,7 @@ def make_engine(
         model.device,
         page_size,
     )
-    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill)
+    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy)
 
 
 def recompute(

@@ -92,3 +92,18 @@ def test_paged_attention_quick_checks_the_kernel_against_the_gather_path(tmp_pat
     assert doc["quick"] is True
     assert {r["variant"] for r in doc["rows"]} == {"copy", "gather + attend", "paged kernel"}
     assert all(r["gb_per_s"] > 0 for r in doc["rows"])
+
+
+def test_scheduling_quick_generates_the_same_tokens_under_every_policy(tmp_path: Path) -> None:
+    doc = run_benchmark("scheduling", ["--quick"], tmp_path)  # the script asserts identical tokens per policy
+    assert doc["quick"] is True
+    rows = {(r["workload"], r["policy"]): r for r in doc["rows"]}
+    workloads = {w for w, _ in rows}
+    assert workloads == {"shared_prompt", "few_shot", "multi_turn", "many_shared", "many_shared_stream"}
+    assert {p for _, p in rows} == {"fcfs", "lpm", "dfs-weight", "aging(1)", "aging(4)"}
+    for workload in workloads:
+        fcfs = rows[(workload, "fcfs")]
+        assert all(rows[(workload, p)]["prompt_tokens"] == fcfs["prompt_tokens"] for _, p in rows)
+        assert fcfs["prefill_vs_fcfs"] == 1.0
+    assert rows[("many_shared", "lpm")]["prefill_tokens"] < rows[("many_shared", "fcfs")]["prefill_tokens"]
+    assert any(r["preemptions"] > 0 for r in doc["rows"])

@@ -38,6 +38,8 @@ TEST_SUBJECTS: dict[str, tuple[str, ...]] = {
     "test_kernel_compile": ("minikv.kernels",),
     "test_integrity_mutations": ("minikv.radix_manager", "minikv.integrity"),  # corrupts a tree's internals on purpose
     "test_base_and_naive": ("minikv.base", "minikv.naive_manager"),
+    # keeps the engine's admission loop as it was before policies, to prove FCFS left it unchanged
+    "test_scheduling": ("minikv.scheduling", "minikv.engine"),
 }
 
 ALLOWED: dict[tuple[str, str], str] = {
