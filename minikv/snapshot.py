@@ -391,6 +391,7 @@ SLOT_STATES: Mapping[str, str] = MappingProxyType(
         "free": "free in the pool",
         "evictable": "in the tree, evictable (ref 0)",
         "locked": "in the tree, locked (ref > 0)",
+        "evicted": "evicted, on its way to the pool",
         "request": "owned by a running request",
         "conflict": "free AND in the tree, or in two nodes (a bug)",
     }
@@ -403,11 +404,13 @@ class SlotOwnership:
     """Who owns each slot of a page pool at one moment: the pool, the tree, or a running request.
 
     A slot is ``free`` (in the pool's free list), ``evictable`` or ``locked``
-    (held by a node of the tree whose ``ref_count`` is 0, or more), or
-    ``request``: neither free nor in the tree, so a running request owns it
-    (it was allocated and not yet inserted or freed). ``conflict`` is a slot
-    with two owners at once -- free and in the tree, or in two nodes -- which
-    is the bug the book's errata show.
+    (held by a node of the tree whose ``ref_count`` is 0, or more),
+    ``evicted`` (``evict`` returned it and the pool has not taken it back
+    yet: it is in the caller's hands, on its way to the pool), or
+    ``request``: none of these, so a running request owns it (it was
+    allocated and not yet inserted or freed). ``conflict`` is a slot with two
+    owners at once -- free and in the tree, or in two nodes -- which is the
+    bug the book's errata show.
     """
 
     states: tuple[str, ...]
@@ -415,11 +418,17 @@ class SlotOwnership:
     page_size: int = 1
 
     @classmethod
-    def of(cls, snapshot: TreeSnapshot | None, pool: Any) -> SlotOwnership:
-        """Read ``pool`` (a :class:`~minikv.PagePool`) and ``snapshot`` (``None``: no tree, e.g. a naive manager)."""
+    def of(cls, snapshot: TreeSnapshot | None, pool: Any, evicted: Any = ()) -> SlotOwnership:
+        """Read ``pool`` (a :class:`~minikv.PagePool`) and ``snapshot`` (``None``: no tree, e.g. a naive manager).
+
+        ``evicted``: slots that ``evict`` returned and the caller has not yet
+        given back to the pool. Those that are neither free nor in the tree
+        are ``evicted``, not ``request``; the pool alone cannot tell them apart.
+        """
         if not hasattr(pool, "free_slots") or not hasattr(pool, "num_slots"):
             raise ArgumentTypeError(f"pool must be a PagePool, got {type(pool).__name__}")
         num_slots = int(pool.num_slots)
+        leaving = _evicted_slots(evicted, num_slots)
         free = {int(slot) for slot in pool.free_slots().tolist()}
         held: dict[int, list[int]] = {}
         for view in snapshot.views() if snapshot is not None else ():
@@ -433,7 +442,7 @@ class SlotOwnership:
             elif refs:
                 states.append("locked" if refs[0] > 0 else "evictable")
             else:
-                states.append("free" if slot in free else "request")
+                states.append("free" if slot in free else "evicted" if slot in leaving else "request")
         return cls(tuple(states), int(getattr(pool, "page_size", 1)))
 
     @property
@@ -451,11 +460,24 @@ class SlotOwnership:
         return {state: self.states.count(state) for state in SLOT_STATES}
 
     def __str__(self) -> str:
-        """One letter per slot -- ``.`` free, ``e`` evictable, ``L`` locked, ``r`` request, ``!`` conflict."""
+        """One letter per slot: ``.`` free, ``e`` evictable, ``L`` locked, ``x`` evicted, ``r`` request,
+        ``!`` conflict."""
         return "".join(_SLOT_LETTERS[s] for s in self.states)
 
 
-_SLOT_LETTERS = {"free": ".", "evictable": "e", "locked": "L", "request": "r", "conflict": "!"}
+def _evicted_slots(evicted: Any, num_slots: int) -> set[int]:
+    """``SlotOwnership.of``'s ``evicted`` as a set, refused naming the argument when it is not slots of the pool."""
+    try:
+        slots = set(_ints(evicted, "evicted"))
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"evicted must be a 1-D list of slot numbers, got {type(evicted).__name__}") from None
+    outside = sorted(slot for slot in slots if not 0 <= slot < num_slots)
+    if outside:
+        raise ArgumentError(f"evicted: slot {outside[0]} is not in the pool (slots 0..{num_slots - 1})")
+    return slots
+
+
+_SLOT_LETTERS = {"free": ".", "evictable": "e", "locked": "L", "evicted": "x", "request": "r", "conflict": "!"}
 
 
 # -- what one operation changed ----------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minikv import RadixCacheManager, RadixTreeNode
-from minikv.errors import ArgumentTypeError, IntegrityError
+from minikv.errors import ArgumentError, ArgumentTypeError, IntegrityError
 from minikv.snapshot import NodeView, TreeSnapshot, diff_snapshots, node_path, outline
 from minikv.vocab import Vocab
 
@@ -204,7 +204,32 @@ def test_slot_ownership_names_every_owner() -> None:
     assert owners.slots("request") == sorted(new)
     assert owners.slots("free") == sorted(pool.free_slots().tolist())
     assert str(owners) == "LLe" + "".join("r" if s in new else "." for s in range(3, 10))
-    assert owners.counts() == {"free": 5, "evictable": 1, "locked": 2, "request": 2, "conflict": 0}
+    assert owners.counts() == {"free": 5, "evictable": 1, "locked": 2, "evicted": 0, "request": 2, "conflict": 0}
+
+
+def test_evicted_slots_are_on_their_way_not_owned_by_a_request() -> None:
+    from minikv import PagePool, admit, finish
+    from minikv.snapshot import SlotOwnership
+
+    manager, pool = RadixCacheManager(), PagePool(6)
+    finish(manager, pool, admit(manager, pool, [1, 2, 3]))
+    finish(manager, pool, admit(manager, pool, [1, 4]))  # tree: [1] -> [2 3], [4]; no request runs
+    evicted = manager.evict(2)  # the caller holds these until it frees them into the pool
+    assert len(evicted) == 2
+    blind = SlotOwnership.of(TreeSnapshot.of(manager), pool)  # the pool alone cannot tell
+    assert blind.slots("request") == sorted(evicted.tolist())
+    owners = SlotOwnership.of(TreeSnapshot.of(manager), pool, evicted=evicted)
+    assert owners.slots("evicted") == sorted(evicted.tolist()) and owners.slots("request") == []
+    assert owners.counts()["evicted"] == 2 and "x" in str(owners) and "r" not in str(owners)
+    pool.free(evicted)
+    back = SlotOwnership.of(TreeSnapshot.of(manager), pool, evicted=evicted)  # back in the pool: free
+    assert back.slots("evicted") == [] and set(evicted.tolist()) <= set(back.slots("free"))
+    tree_slot = back.slots("evictable")[0]  # a slot still in the tree stays the tree's
+    assert SlotOwnership.of(TreeSnapshot.of(manager), pool, evicted=[tree_slot]).states == back.states
+    with pytest.raises(ArgumentTypeError, match="evicted"):
+        SlotOwnership.of(TreeSnapshot.of(manager), pool, evicted="01")
+    with pytest.raises(ArgumentError, match="evicted: slot 6"):
+        SlotOwnership.of(TreeSnapshot.of(manager), pool, evicted=[0, 6])
 
 
 def test_a_slot_with_two_owners_is_a_conflict() -> None:

@@ -251,3 +251,41 @@ def test_frames_carry_the_slot_strip_when_given_a_pool() -> None:
     assert rec.player().open_at == 3  # the first frame where a slot is taken
     plain = TreeRecorder(RadixCacheManager(), vocab)
     assert plain.frames[0].slots is None and "running request" not in plain.frames[0].dot
+
+
+def test_evicted_slots_are_shown_on_their_way_to_the_pool() -> None:
+    """No slot of an evicted node is drawn as a running request's while no request runs."""
+    vocab = Vocab()
+    manager, pool = RadixCacheManager(), PagePool(8)
+    rec = TreeRecorder(manager, vocab, pool=pool)
+    for text in ("Hello world", "Hello there", "how are you"):
+        finish(rec, pool, admit(rec, pool, vocab.encode(text)))
+    evicted = rec.evict(2)  # "world" and "there": the LRU leaves
+    rec.note("the caller still holds them")
+    hello = rec.evict(1)  # "Hello", now a leaf: joins them, the pool has not moved
+    pool.free(evicted)
+    pool.free(hello)
+    rec.note("the pool takes them back")
+    frames = rec.frames[-4:]
+    assert [str(f.slots) for f in frames] == ["exxeee..", "exxeee..", "xxxeee..", "...eee.."]
+    for frame in frames:
+        assert frame.slots is not None and frame.slots.counts()["request"] == 0
+        assert "owned by a running request: 0" in frame.dot
+    assert "evicted, on its way to the pool: 2" in frames[0].dot and 'STYLE="dashed"' in frames[0].dot
+    assert "on its way to the pool" not in frames[3].dot  # listed only when a slot is on its way
+
+
+def test_slots_evicted_for_an_allocation_become_the_requests() -> None:
+    vocab = Vocab()
+    manager, pool = RadixCacheManager(), PagePool(6)
+    rec = TreeRecorder(manager, vocab, pool=pool)
+    finish(rec, pool, admit(rec, pool, vocab.encode("Hello world how are you")))
+    running = admit(rec, pool, vocab.encode("there there there"))  # 3 slots: evicts the 5-slot node
+    rec.note("running")
+    evict, note = rec.frames[-2:]
+    assert evict.operation == "evict" and str(evict.slots) == "xxxxx."  # between evict and the pool
+    assert str(note.slots) == "".join("r" if s in running.indices.tolist() else "." for s in range(6))
+    reset = TreeRecorder(RadixCacheManager(), vocab, pool=PagePool(4))
+    finish(reset, reset.pool, admit(reset, reset.pool, vocab.encode("Hello world")))
+    reset.reset()  # reset returns slots too
+    assert str(reset.frames[-1].slots) == "xx.."

@@ -184,7 +184,8 @@ def test_children_are_ordered_by_token() -> None:
 
 def strip_cells(dot: str) -> list[tuple[str, str]]:
     """(fill colour, slot number) of each cell of the slot strip, in order."""
-    return re.findall(r'<TD BGCOLOR="(#\w+)" COLOR="#\w+" BORDER="1" WIDTH="22"[^>]*><FONT[^>]*>(\d+)</FONT>', dot)
+    cell = r'<TD BGCOLOR="(#\w+)" COLOR="#\w+" BORDER="1"(?: STYLE="dashed")? WIDTH="22"[^>]*><FONT[^>]*>(\d+)</FONT>'
+    return re.findall(cell, dot)
 
 
 def test_the_slot_strip_colours_each_owner() -> None:

@@ -114,8 +114,15 @@ class TreeRecorder(BaseCacheManager):
     ``vocab`` turns token ids into words in drawings and captions. ``pool``
     (optional, a :class:`~minikv.PagePool`) adds its free-slot count to each
     frame, and a strip of its slots to each drawing: free, in the tree
-    (evictable or locked), or owned by a running request. ``frames[0]`` is the
-    starting state; each manager call adds one.
+    (evictable or locked), evicted (on the way to the pool), or owned by a
+    running request. ``frames[0]`` is the starting state; each manager call
+    adds one.
+
+    The slots an ``evict`` (or ``reset``) returns are in the caller's hands
+    until it frees them into the pool. The recorder shows them as evicted in
+    that frame, and in later frames as long as the pool's free list has not
+    changed since. Once it changes (slots freed, or handed out again), a slot
+    neither free nor in the tree is drawn as a running request's, as before.
     """
 
     def __init__(self, manager: BaseCacheManager, vocab: VocabLike = None, *, pool: Any = None, max_columns: int = 8):
@@ -133,6 +140,10 @@ class TreeRecorder(BaseCacheManager):
         self.max_columns = max_columns
         self.frames: list[Frame] = []
         self._label: str | None = None
+        self._leaving: set[int] = set()
+        """Slots evict or reset returned that the pool has not taken back (see the class docstring)."""
+        self._free_before: frozenset[int] = frozenset()
+        """The pool's free slots at the last frame."""
         start = TreeSnapshot.of(manager)
         if start.num_nodes:
             info = start.size_info
@@ -332,19 +343,39 @@ class TreeRecorder(BaseCacheManager):
         caption, walked = describe(before, after, changes, result)
         if walked:
             changes = dataclasses.replace(changes, walked=after.path_along(walked))
-        self._append(operation, self._labelled(caption), after, changes)
+        left = _ints_of(result) if operation in ("evict", "reset") else ()
+        self._append(operation, self._labelled(caption), after, changes, left=left)
         return result
 
     def _append(
-        self, operation: str, caption: str, snapshot: TreeSnapshot, changes: TreeChanges, error: str | None = None
+        self,
+        operation: str,
+        caption: str,
+        snapshot: TreeSnapshot,
+        changes: TreeChanges,
+        error: str | None = None,
+        *,
+        left: Sequence[int] = (),
     ) -> Frame:
         free = int(self.pool.num_free_slots) if self.pool is not None else None
-        slots = SlotOwnership.of(snapshot, self.pool) if self.pool is not None else None
+        slots = None
+        if self.pool is not None:
+            slots = SlotOwnership.of(snapshot, self.pool, evicted=self._on_the_way(left))
         frame = Frame(
             len(self.frames), operation, caption, snapshot, changes, free, error, self.vocab, self.max_columns, slots
         )
         self.frames.append(frame)
         return frame
+
+    def _on_the_way(self, left: Sequence[int]) -> set[int]:
+        """The slots that left the tree and have not reached the pool: ``left`` (returned by this
+        frame's call), and those of earlier frames while the pool's free list stays as it was."""
+        free_now = frozenset(int(slot) for slot in self.pool.free_slots().tolist())
+        if free_now != self._free_before:  # freed into the pool, or handed out again: no longer on the way
+            self._leaving = set()
+        self._leaving |= set(left)
+        self._free_before = free_now
+        return self._leaving
 
     def _labelled(self, caption: str) -> str:
         return f"{self._label} · {caption}" if self._label else caption
@@ -364,6 +395,12 @@ def _shows_something(frame: Frame) -> bool:
     if frame.snapshot.num_nodes:
         return True
     return frame.slots is not None and any(state != "free" for state in frame.slots.states)
+
+
+def _ints_of(slots: Any) -> list[int]:
+    """The slot numbers an ``evict`` or ``reset`` returned (a tensor, array or list)."""
+    items = slots.tolist() if hasattr(slots, "tolist") else slots
+    return [int(slot) for slot in items]
 
 
 def _join(head: str, parts: Sequence[str]) -> str:

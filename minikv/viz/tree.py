@@ -92,11 +92,14 @@ SLOT_LOOKS: Mapping[str, Look] = MappingProxyType(
         "free": Look("#ffffff", "#98a2b3", "#475467"),
         "evictable": LOOKS["evictable"],
         "locked": LOOKS["protected"],
+        "evicted": Look("#fef0c7", "#dc6803", "#93370d"),
         "request": LOOKS["requests"],
         "conflict": Look("#d92d20", "#7a271a", "#ffffff"),
     }
 )
-"""Slot state (see :data:`minikv.snapshot.SLOT_STATES`) -> colours of its cell in the slot strip."""
+"""Slot state (see :data:`minikv.snapshot.SLOT_STATES`) -> colours of its cell in the slot strip.
+
+An ``evicted`` cell also has a dashed border, like the ghost of the node it left."""
 
 EVENT_BORDERS: Mapping[str, str] = MappingProxyType({"inserted": "#7f56d9", "split": "#f79009", "walked": "#1570ef"})
 """What just happened to a node -> the colour of its thick border (and of the edge into it)."""
@@ -198,7 +201,9 @@ def draw_tree(
     ``page_size > 1``) shown per node; the rest is summarised as "+N".
     ``pool`` (a :class:`~minikv.PagePool`) adds a strip of its slots above the
     tree: free, in the tree and evictable, in the tree and locked, or owned by
-    a running request (see :class:`~minikv.snapshot.SlotOwnership`).
+    a running request (see :class:`~minikv.snapshot.SlotOwnership`). Slots
+    that ``evict`` just returned show as evicted only in a recorder's frames,
+    which see what ``evict`` returned.
     """
     snapshot = TreeSnapshot.of(manager)
     slots = None if pool is None else SlotOwnership.of(snapshot, pool)
@@ -405,14 +410,18 @@ SLOTS_PER_ROW = 16
 
 
 def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
-    """The pool as a row of numbered cells, one per slot, coloured by owner; with ``legend``, what each colour means."""
+    """The pool as a row of numbered cells, one per slot, coloured by owner; with ``legend``, what each colour means.
+
+    The legend lists every state, with its count, except ``evicted`` when no slot is in it: only a
+    recorder's frame right after an ``evict`` has such slots, and every other drawing stays as it was.
+    """
     per_row = max(slots.page_size, SLOTS_PER_ROW // slots.page_size * slots.page_size)
     size = 'WIDTH="22" HEIGHT="18" FIXEDSIZE="TRUE"'
     cells = []
     for slot, state in enumerate(slots.states):
         look = SLOT_LOOKS[state]
         cells.append(
-            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" {size}>'
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1"{_dashed(state)} {size}>'
             f'<FONT POINT-SIZE="9" COLOR="{look.text}">{slot}</FONT></TD>'
         )
     rows = []
@@ -426,9 +435,12 @@ def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
     counts = slots.counts()
     entries = []
     for state, meaning in SLOT_STATES.items():
+        if state == "evicted" and not counts[state]:
+            continue
         look = SLOT_LOOKS[state]
         entries.append(
-            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1" WIDTH="12" HEIGHT="12" FIXEDSIZE="TRUE"></TD>'
+            f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1"{_dashed(state)} WIDTH="12" HEIGHT="12"'
+            ' FIXEDSIZE="TRUE"></TD>'
             f'<TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(meaning)}: {counts[state]}</FONT></TD>'
         )
     key = "".join("<TR>" + "".join(entries[i : i + 3]) + "</TR>" for i in range(0, len(entries), 3))
@@ -438,6 +450,11 @@ def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
         f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{key}</TABLE></TD></TR>'
         "</TABLE>"
     )
+
+
+def _dashed(state: str) -> str:
+    """The strip draws a slot on its way from the tree to the pool with a dashed border."""
+    return ' STYLE="dashed"' if state == "evicted" else ""
 
 
 def draw_pool(pool: Any, manager: Any = None, *, title: str | None = None, legend: bool = True) -> TreeDrawing:
