@@ -687,6 +687,8 @@ class _Stopper:
 
     def on_alarm(self, signum: int, frame: FrameType | None) -> None:
         self.arm(frame)
+        if frame is not None and _is_learner_code(frame.f_code):
+            raise _TimedOut()  # raised here, not by the trace function, it leaves the trace function on
 
     def arm(self, frame: FrameType | None) -> None:
         self.armed = True
