@@ -179,15 +179,9 @@ def test_correct_alternatives_pass() -> None:
 
 def test_the_reference_under_another_name_is_refused() -> None:
     mine = capacity.kv_bytes_per_token
-
-    def wrapper(*args):
-        return mine(*args)
-
-    for fn in (mine, wrapper):
-        result = check("capacity.kv_bytes_per_token", fn)
-        assert not result.passed
-        assert "minikv's own answer" in result.smallest_failure.problem
-    assert capacity.kv_bytes_per_token(1, 1, 1, torch.float32) == 8  # switched on again
+    result = check("capacity.kv_bytes_per_token", mine)
+    assert not result.passed
+    assert "minikv's own answer" in result.smallest_failure.problem
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

@@ -65,19 +65,9 @@ def test_ctrl_c_still_stops_a_check() -> None:
         check("blocks.deallocate", deallocate)
 
 
-def test_calling_the_reference_is_refused() -> None:
-    import minikv
-
-    result = check("lifecycle.admit", lambda manager, pool, ids: minikv.lifecycle.admit(manager, pool, ids.tolist()))
-    assert not result.passed
-    assert "minikv's own answer" in result.smallest_failure.problem
-    # and the reference works again afterwards
-    manager, pool = minikv.RadixCacheManager(), minikv.PagePool(4)
-    assert minikv.admit(manager, pool, [1, 2]).indices.tolist() == [0, 1]
-
-
-def test_the_reference_under_any_name_is_refused() -> None:
-    """Bound to another name before check runs, wrapped, partially applied or copied: still refused."""
+def test_minikv_own_answer_is_named_not_graded() -> None:
+    """minikv's own function, under any name, partially applied or copied, gets one sentence (not a guard:
+    code that calls minikv's answer is the learner's business)."""
     import functools
     import types
 
@@ -85,18 +75,10 @@ def test_the_reference_under_any_name_is_refused() -> None:
     from minikv.capacity import tokens_that_fit as imported_early
 
     copy = types.FunctionType(capacity.tokens_that_fit.__code__, capacity.tokens_that_fit.__globals__, "fit")
-
-    def wrapper(memory, per_token):
-        return imported_early(memory, per_token)
-
-    def calls_the_copy(memory, per_token):
-        return copy(memory, per_token)
-
-    for fn in (imported_early, wrapper, functools.partial(imported_early), copy, calls_the_copy):
+    for fn in (imported_early, functools.partial(imported_early), copy):
         result = check("capacity.tokens_that_fit", fn)
         assert not result.passed, fn
         assert "minikv's own answer" in result.smallest_failure.problem, str(result)
-    assert capacity.tokens_that_fit(10, 3) == 3 and imported_early.__code__.co_name == "tokens_that_fit"
 
 
 def test_a_random_failure_is_shrunk_and_reproducible() -> None:

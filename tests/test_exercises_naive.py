@@ -24,12 +24,33 @@ def _naive_variant(name: str, **overrides: Callable) -> type:
 WRONG["naive.manager"] = [
     _naive_variant("InsertReturnsZero", insert_prefix=lambda self, ids, indices: 0),
     _naive_variant("FloatEmptyTensor", match_prefix=lambda self, ids: (NaiveCacheHandle(0), torch.tensor([]))),
-    _naive_variant("EvictPretends", evict=lambda self, size: self.empty_tensor),
+    _naive_variant("EvictPretends", evict=lambda self, size: self.no_slots()),
     _naive_variant("InsertTrustsLengths", insert_prefix=lambda self, ids, indices: len(indices)),
     _naive_variant(
         "InsertReturnsTokensCount", insert_prefix=lambda self, ids, indices: len(ids) - 1 if len(ids) else 0
     ),
 ]
+
+
+class SharedEmptyTensor(S["NaiveManager"]):
+    """The slip of issue 21: one empty tensor made in __init__ and returned by every method."""
+
+    def __init__(self, device="cpu"):
+        super().__init__(device)
+        self.empty = torch.empty(0, dtype=torch.int32, device=self.device)
+
+    def no_slots(self):
+        return self.empty
+
+
+WRONG["naive.manager"].append(SharedEmptyTensor)
+
+
+def test_a_shared_empty_tensor_is_caught_by_its_own_case() -> None:
+    result = check("naive.manager", SharedEmptyTensor)
+    failure = result.smallest_failure
+    assert failure is not None and "the caller's own" in failure.problem, str(result)
+    assert "tensor([7, 7, 7]" in failure.got
 
 
 class NaiveSubclass(NaiveCacheManager):
@@ -43,7 +64,6 @@ def test_the_reference_under_another_name_is_refused() -> None:
     NaiveManager = NaiveCacheManager
     result = check("naive.manager", NaiveManager)
     assert not result.passed and "minikv's own answer" in result.smallest_failure.problem
-    assert NaiveCacheManager().insert_prefix([1], [0]) == 1  # switched on again
 
 
 def test_a_method_still_stubbed_is_named() -> None:

@@ -17,7 +17,6 @@ import torch
 from exercise_helpers import SOLUTIONS, WrongAnswers, chapter_tests
 
 from minikv import RadixCacheManager, RadixTreeNode
-from minikv import radix_manager as radix_module
 from minikv.errors import EvictionError, IntegrityError, LockError
 from minikv.exercises import check
 from minikv.exercises import radix as radix_checks
@@ -829,35 +828,13 @@ wrong(
 
 # -- minikv's own answers, under other names ---------------------------------------------------------
 
-_captured_match_len = radix_module.match_len  # bound before check runs: the forbid-list cannot patch it
-
 
 class _Inheriting(RadixCacheManager):
     pass
 
 
-def _delegating_match_len(self, key, input_ids):
-    return _captured_match_len(key, input_ids)
-
-
-class _Delegating(Base):
-    """Keeps a real RadixCacheManager inside and forwards to it (its tree is not the one drawn)."""
-
-    def __init__(self, device="cpu", page_size=1):
-        super().__init__(device, page_size)
-        self.inner = RadixCacheManager(device, page_size)
-
-    def evict(self, size):
-        return self.inner.evict(size)
-
-
 BORROWED = {
-    "radix.match_len": [
-        variant(match_len=_delegating_match_len),
-        variant(match_len=lambda self, k, i: radix_module.match_len(k, i)),
-    ],
-    "radix.split_at": [variant(split_at=lambda self, node, pos: node.split_at(pos, self.page_size))],
-    "radix.evict": [variant(evict=RadixCacheManager.evict), _Delegating, _Inheriting],
+    "radix.evict": [variant(evict=RadixCacheManager.evict), _Inheriting],
     "radix.check_integrity": [variant(check_integrity=RadixCacheManager.check_integrity)],
     "radix.cache": [_Inheriting, variant(Paged, evict=RadixCacheManager.evict)],
 }
@@ -953,15 +930,11 @@ def test_explain_errors_prints_one_sentence(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_package_passes_its_own_histories(monkeypatch: pytest.MonkeyPatch) -> None:
-    """minikv's RadixCacheManager passes radix.cache once the guard against minikv's own code is off."""
-    monkeypatch.setattr(radix_checks, "_FORBIDDEN", {})
-    monkeypatch.setattr(radix_checks.Subject, "precheck", lambda self: None)
-    import dataclasses
-
+    """minikv's RadixCacheManager passes radix.cache once the sentence about minikv's own answer is off."""
     from minikv.exercises import _core
 
-    entry = _core.REGISTRY["radix.cache"]
-    monkeypatch.setitem(_core.REGISTRY, "radix.cache", dataclasses.replace(entry, forbidden=()))
+    monkeypatch.setattr(_core, "minikv_own", lambda fn: None)
+    monkeypatch.setattr(radix_checks.Subject, "precheck", lambda self: None)  # it has no match_len
     result = check("radix.cache", RadixCacheManager)
     assert result.passed, str(result)
 

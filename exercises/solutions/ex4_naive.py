@@ -28,6 +28,8 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 #
 # Write the class `NaiveManager(BaseCacheManager)`, built as `NaiveManager(device)`:
 #
+# * `no_slots()`, a small helper the other methods call, returns a new empty `int32`
+#   tensor on the manager's device.
 # * `match_prefix(input_ids)` finds nothing: a `NaiveCacheHandle(0)` and an empty `int32`
 #   tensor on the manager's device.
 # * `lock_handle(handle, unlock=False)` has nothing to protect and does nothing.
@@ -38,6 +40,8 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 #   since there is nothing to evict.
 # * `reset()` returns an empty `int32` tensor, `size_info` is `SizeInfo(0, 0)` (a
 #   property) and `check_integrity()` has nothing to check.
+# * Every tensor a method returns is the caller's own: a caller may resize it and write
+#   into it, and no later result may change because of that.
 #
 # The checker then runs requests through minikv's `serve` with your manager and a small
 # page pool: if a single slot leaks, the pool runs dry.
@@ -49,10 +53,12 @@ print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n
 # which is right when nothing is kept. Return 0 and nothing is ever freed.
 # ```
 #
-# ```{admonition} Hint 2: one empty tensor
+# ```{admonition} Hint 2: a new empty tensor each time
 # :class: dropdown
-# Create `torch.empty(0, dtype=torch.int32, device=self.device)` once in `__init__` and
-# return it from every method that returns no slots: the right dtype and device, made once.
+# Write one small helper that returns `torch.empty(0, dtype=torch.int32, device=self.device)`
+# and call it from every method that returns no slots: the right dtype and device in one
+# place, and a new tensor for each caller. One tensor made in `__init__` and returned from
+# every method would be shared: a caller that resizes it changes what `reset()` returns next.
 # ```
 
 
@@ -62,12 +68,16 @@ class NaiveManager(BaseCacheManager):
         ### BEGIN SOLUTION
         self.device = torch.device(device)
         self.page_size = 1
-        self.empty_tensor = torch.empty(0, dtype=torch.int32, device=self.device)
+        ### END SOLUTION
+
+    def no_slots(self) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        return torch.empty(0, dtype=torch.int32, device=self.device)
         ### END SOLUTION
 
     def match_prefix(self, input_ids):
         ### BEGIN SOLUTION
-        return NaiveCacheHandle(0), self.empty_tensor
+        return NaiveCacheHandle(0), self.no_slots()
         ### END SOLUTION
 
     def lock_handle(self, handle, unlock=False) -> None:
@@ -85,13 +95,13 @@ class NaiveManager(BaseCacheManager):
     def evict(self, size: int) -> torch.Tensor:
         ### BEGIN SOLUTION
         if size == 0:
-            return self.empty_tensor
+            return self.no_slots()
         raise EvictionError(f"size: this manager holds nothing, so it cannot evict {size} slots")
         ### END SOLUTION
 
     def reset(self) -> torch.Tensor:
         ### BEGIN SOLUTION
-        return self.empty_tensor
+        return self.no_slots()
         ### END SOLUTION
 
     @property

@@ -15,9 +15,9 @@
 # plays random histories of requests on your class next to minikv's own manager, and shows
 # the smallest history where the two disagree, with both trees drawn side by side.
 #
-# While your code runs, minikv's own methods are off limits (calling them, inheriting from
-# `RadixCacheManager` or copying its methods onto your class fails the check). Hints are in
-# dropdowns: read them when you are stuck, not before.
+# A class that inherits from `RadixCacheManager` runs minikv's own answers, and the check
+# says so instead of grading it. A case that runs past the time limit is stopped, even inside
+# a bare `except:`. Hints are in dropdowns: read them when you are stuck, not before.
 
 # %%
 import heapq

@@ -6,8 +6,18 @@
 
 Each exercise runs real cases against minikv's own implementation: fresh
 managers, pools and caches built for every case, several sizes, and the edge
-cases that catch the usual mistakes. The learner's exceptions (a stub's
-``NotImplementedError`` included) are reported, never raised.
+cases that catch the usual mistakes.
+
+What ``check`` promises, whatever the learner's code does:
+
+* every exception it raises (a stub's ``NotImplementedError``, ``sys.exit()``, a
+  ``BaseException`` subclass) is a failed case, never raised; only Ctrl-C stops ``check``;
+  error messages are cut to a few hundred characters;
+* a case that runs past the time limit (20 s) is stopped, even inside a bare ``except:``,
+  and the remaining cases are not run: the limit is paid once per check (on Linux and
+  macOS, in the main thread, as in Jupyter and Colab);
+* afterwards minikv's functions, classes and module attributes, the signal handlers, the
+  interval timer and the trace and profile functions are as they were before.
 """
 
 from __future__ import annotations

@@ -6,6 +6,26 @@ tensors), calls the learner's function through :func:`call`, and raises
 :class:`Mismatch` when the answer differs from minikv's own. Whatever the
 learner's code does -- raise, loop forever, return the wrong type -- becomes a
 failed case with a sentence saying why, never an exception out of ``check``.
+
+What ``check`` promises (the exercises' introduction says the same to learners):
+
+* **Every exception is a report.** Whatever the learner's code raises -- ``sys.exit()``,
+  a ``BaseException`` subclass, an error whose message is a megabyte long (cut to
+  :data:`MESSAGE_LIMIT` characters) -- becomes a failed case. Only Ctrl-C
+  (``KeyboardInterrupt`` itself) stops ``check``, as it stops any cell.
+* **A time limit that holds.** A case that runs longer than :data:`CASE_TIME_LIMIT_S` is
+  stopped (:class:`_Stopper`), even when the learner's loop catches every exception with a
+  bare ``except:``; after one case ran out of time the remaining cases are not run, so a
+  function that never returns costs the limit once per check, not once per case. (Where
+  there is no ``SIGALRM`` -- Windows -- or ``check`` runs outside the main thread, there
+  is no limit.)
+* **The process as it was.** When ``check`` returns, minikv's functions, classes and module
+  attributes are the ones it started with (:class:`_ProcessState` puts back whatever the
+  learner's code rebound or patched), and so are the signal handlers, the interval timer
+  and ``sys.gettrace()``/``sys.getprofile()``.
+
+There is no guard against minikv's own answers: the exercises are for learning, and a
+class that inherits from minikv's answer is told so in one sentence (``radix``, ``naive``).
 """
 
 from __future__ import annotations
@@ -15,21 +35,30 @@ import copy
 import linecache
 import random
 import signal
+import sys
 import sysconfig
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FunctionType, TracebackType
+from types import CodeType, FrameType, FunctionType, TracebackType
 from typing import Any, Generic, TypeVar
 
 from ..errors import ArgumentError, ArgumentTypeError
 from ._report import CaseResult, CheckResult
 
-CASE_TIME_LIMIT_S = 60.0
-"""A case that takes longer than this is stopped: the learner's code probably loops forever."""
+CASE_TIME_LIMIT_S = 20.0
+"""A case that takes longer than this is stopped: the learner's code probably loops forever.
+
+Every case takes well under a second with a correct answer; after one case ran out of
+time, the check stops, so a function that never returns costs this once per check."""
+
+MESSAGE_LIMIT = 500
+"""An error message from the learner's code is cut to this many characters in a report."""
+REPORT_LIMIT = 6000
+"""And every part of a report (the problem, expected, got) to this many."""
 
 
 class Mismatch(Exception):
@@ -48,20 +77,43 @@ class LearnerRaised(Exception):
     """The learner's function raised ``error``; ``where`` names the line, without any file path."""
 
     def __init__(self, error: BaseException, where: str, function: str = "") -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
+        self.message = message_of(error)
+        super().__init__(f"{type(error).__name__}: {self.message}")
         self.error = error
         self.where = where
         self.function = function
         """The learner's function or method that raised (``NaiveManager.evict``), empty if unknown."""
 
     def describe(self) -> str:
-        message = str(self.error).strip()
+        message = self.message
         text = f"your function raised {type(self.error).__name__}" + (f": {message}" if message else "")
         return text + (f" ({self.where})" if self.where else "")
 
 
 class _TimedOut(BaseException):
-    """A BaseException so that a learner's ``except Exception`` cannot swallow it."""
+    """A BaseException so that a learner's ``except Exception`` cannot swallow it (and :class:`_Stopper`
+    raises it again on the learner's next line, so that a bare ``except:`` cannot either)."""
+
+
+def is_learners(error: BaseException) -> bool:
+    """Whether ``error`` is the learner's to report: anything but Ctrl-C and the checker's own time limit."""
+    return type(error) is not KeyboardInterrupt and not isinstance(error, _TimedOut)
+
+
+def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text``, cut after ``limit`` characters with a note of how much was left out."""
+    return text if len(text) <= limit else text[:limit] + f" … ({len(text) - limit:,} more characters)"
+
+
+def message_of(error: BaseException) -> str:
+    """An exception's message, stripped and clipped; one whose ``str()`` itself fails is said so."""
+    try:
+        text = str(error)
+    except BaseException as failure:
+        if not is_learners(failure):
+            raise
+        return f"(its message could not be shown: str() raised {type(failure).__name__})"
+    return clip(text.strip())
 
 
 @dataclass(frozen=True)
@@ -78,45 +130,31 @@ class Exercise:
     id: str
     title: str
     make_cases: Callable[[], list[Case]]
-    forbidden: tuple[tuple[object, str], ...] = field(default_factory=tuple)
-    """Reference functions the learner must not call while their function runs: ``(owner, attribute)``."""
 
 
 REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(
-    exercise_id: str, title: str, forbid: tuple[tuple[object, str], ...] = ()
-) -> Callable[[Callable[[], list[Case]]], Callable[[], list[Case]]]:
+def exercise(exercise_id: str, title: str) -> Callable[[Callable[[], list[Case]]], Callable[[], list[Case]]]:
     """Register a function that builds the cases of ``exercise_id``."""
 
     def register(make_cases: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
         if exercise_id in REGISTRY:
             raise ArgumentError(f"exercise id {exercise_id!r} is registered twice")
-        REGISTRY[exercise_id] = Exercise(exercise_id, title, make_cases, tuple(forbid))
+        REGISTRY[exercise_id] = Exercise(exercise_id, title, make_cases)
         return make_cases
 
     return register
 
 
-_active: list[Exercise] = []
-
-_LEARNER_ERRORS = (Exception, SystemExit, GeneratorExit)
-"""What a learner's code may raise and ``check`` still reports as a failed case. ``sys.exit()``
-and a stray ``GeneratorExit`` are mistakes to report too; only Ctrl-C (``KeyboardInterrupt``)
-and the checker's own time limit go through."""
-
-
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call the learner's function; whatever it raises comes back as :class:`LearnerRaised`."""
-    forbidden = _active[-1].forbidden if _active else ()
-    if forbidden:
-        _refuse_copies(fn, forbidden)
-    with _forbidding(forbidden):
-        try:
-            return fn(*args, **kwargs)
-        except _LEARNER_ERRORS as error:  # the learner's exception, whatever it is, is data here
-            raise LearnerRaised(error, _where(error.__traceback__), _raising_function(error.__traceback__)) from None
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as error:  # the learner's exception, whatever it is, is data here
+        if not is_learners(error):
+            raise
+        raise LearnerRaised(error, _where(error.__traceback__), _raising_function(error.__traceback__)) from None
 
 
 def raised(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
@@ -143,7 +181,7 @@ def outcome(error: BaseException | None, result: object = None, returned: str = 
         return returned or f"returned {result!r}"
     kept = _where_of.get(id(error))
     where = kept[1] if kept is not None and kept[0] is error else ""
-    message = str(error).strip()
+    message = message_of(error)
     return f"raised {type(error).__name__}" + (f": {message}" if message else "") + (f" ({where})" if where else "")
 
 
@@ -160,20 +198,76 @@ def run_check(exercise_id: str, fn: Callable[..., Any]) -> CheckResult:
     if not callable(fn):
         raise ArgumentTypeError(f"fn: pass your function (or class) itself, got {type(fn).__name__}")
     ex = REGISTRY[exercise_id]
-    results = []
-    _active.append(ex)
+    cases = ex.make_cases()
+    own = minikv_own(fn)
+    if own is not None:
+        return CheckResult(ex.id, ex.title, tuple(CaseResult(c.description, c.size, False, own) for c in cases))
+    results: list[CaseResult] = []
+    state = _ProcessState()
     try:
-        for case in ex.make_cases():
-            results.append(_run_case(case, fn))
+        for case in cases:
+            try:
+                results.append(_run_case(case, fn))
+            finally:
+                state.restore()
+            if _timed_out(results[-1]):
+                skipped = "not run: an earlier case ran past the time limit."
+                results.extend(CaseResult(c.description, c.size, False, skipped) for c in cases[len(results) :])
+                break
     finally:
-        _active.pop()
         _where_of.clear()
+        state.restore()
     return CheckResult(ex.id, ex.title, tuple(results))
 
 
+def minikv_own(fn: object) -> str | None:
+    """One sentence if ``fn`` is minikv's own answer (a function of minikv, or a class that inherits from
+    one of minikv's managers), else None. Not a guard, a courtesy: such code passes nothing worth passing."""
+    from ..base import BaseCacheManager
+
+    target = getattr(fn, "func", fn) if type(fn).__name__ == "partial" else fn
+    target = getattr(target, "__func__", target)
+    if isinstance(target, type):
+        managers = [k for k in target.__mro__ if issubclass(k, BaseCacheManager) and k is not BaseCacheManager]
+        theirs = [k for k in managers if k.__module__.startswith("minikv.")]
+        if theirs:
+            return (
+                f"{target.__name__} inherits from minikv's {theirs[0].__name__}, so it runs minikv's own answer. "
+                "Derive it from BaseCacheManager, as the skeleton does, and write the methods yourself."
+            )
+        for klass in target.__mro__:  # a method of minikv's manager, set on the learner's class
+            for name, value in vars(klass).items() if klass.__module__ != "builtins" else ():
+                method = minikv_own(value) if isinstance(value, FunctionType) else None
+                if method is not None and klass not in (BaseCacheManager, object):
+                    return f"{target.__name__}.{name}: {method}"
+        return None
+    code = getattr(target, "__code__", None)
+    if isinstance(code, CodeType) and not _is_learner_code(code):
+        name = getattr(target, "__qualname__", "a function")
+        return f"this is minikv's own answer, {name}: write your own and check that."
+    return None
+
+
+_TIMED_OUT = "so it was stopped; is there a loop that never ends?"
+
+
+def _timed_out(result: CaseResult) -> bool:
+    return not result.passed and result.problem.endswith(_TIMED_OUT)
+
+
 def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
-    def failed(problem: str, expected: str = "", got: str = "", not_written: bool = False) -> CaseResult:
-        return CaseResult(case.description, case.size, False, problem, expected, got, not_written)
+    def failed(
+        problem: str, expected: str = "", got: str = "", not_written: bool = False, size: int = -1
+    ) -> CaseResult:
+        return CaseResult(
+            case.description,
+            case.size if size < 0 else size,
+            False,
+            clip(problem, REPORT_LIMIT),
+            clip(expected, REPORT_LIMIT),
+            clip(got, REPORT_LIMIT),
+            not_written,
+        )
 
     try:
         with _time_limit(CASE_TIME_LIMIT_S):
@@ -182,21 +276,19 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
         got = mismatch.got
         if got and got == mismatch.expected:  # the difference does not show in this rendering: say so
             got = "the same, as shown here: the difference is the one named above"
-        if mismatch.size is not None:
-            return CaseResult(case.description, mismatch.size, False, mismatch.problem, mismatch.expected, got, False)
-        return failed(mismatch.problem, mismatch.expected, got)
+        return failed(mismatch.problem, mismatch.expected, got, size=-1 if mismatch.size is None else mismatch.size)
     except LearnerRaised as learner:
         if type(learner.error) is NotImplementedError:
             return failed(_stub_sentence(learner.function, fn), not_written=True)
         return failed(learner.describe() + ".")
     except _TimedOut:
-        return failed(
-            f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, so it was stopped; is there a loop that never ends?"
-        )
-    except _LEARNER_ERRORS as error:  # the checker could not make sense of what the learner's code returned
+        return failed(f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, {_TIMED_OUT}")
+    except BaseException as error:  # the checker could not make sense of what the learner's code returned
+        if not is_learners(error):
+            raise
         return failed(
             "the checker could not use what your function returned "
-            f"({type(error).__name__}: {error}); check the return type in the task's description."
+            f"({type(error).__name__}: {message_of(error)}); check the return type in the task's description."
         )
     return CaseResult(case.description, case.size, True)
 
@@ -343,36 +435,57 @@ def _still_fails(spec: Draw[Any], fn: Callable[..., Any], value: Any) -> Mismatc
 def _shrink(
     spec: Draw[Any], fn: Callable[..., Any], value: Any, size: int, seed: int, failure: Mismatch | LearnerRaised
 ) -> tuple[Any, int, int, Mismatch | LearnerRaised]:
-    tries = 0
-    deadline = time.monotonic() + SHRINK_SECONDS
-    for smaller in range(1, size):
-        if time.monotonic() > deadline:
-            break
-        for other_seed in (seed, seed + 7919, seed + 104729):
-            tries += 1
-            candidate = spec.draw(random.Random(other_seed), smaller)
-            found = _still_fails(spec, fn, candidate)
-            if found is not None:
-                value, size, seed, failure = candidate, smaller, other_seed, found
-                break
-        else:
-            continue
-        break
-    if spec.shrink is None:
-        return value, size, seed, failure
+    """A random case's failing input, shrunk: first the same draw at every smaller size (with the
+    same seed and two others), the smallest that still fails kept; then the spec's own ``shrink``."""
+
+    def smaller(drawn: tuple[Any, int, int, bool], _: object) -> Iterator[tuple[Any, int, int, bool]]:
+        value, size, seed, scanned = drawn
+        if not scanned:
+            for other_size in range(1, size):
+                for other_seed in (seed, seed + 7919, seed + 104729):
+                    yield spec.draw(random.Random(other_seed), other_size), other_size, other_seed, True
+        for candidate in spec.shrink(value) if spec.shrink is not None else ():
+            yield candidate, size, seed, True
+
+    (value, size, seed, _), failure = shrink(
+        (value, size, seed, False), failure, lambda drawn: _still_fails(spec, fn, drawn[0]), smaller
+    )
+    return value, size, seed, failure
+
+
+F = TypeVar("F")
+
+
+def shrink(
+    value: T,
+    failure: F,
+    fails: Callable[[T], F | None],
+    smaller: Callable[[T, F], Iterable[T]],
+    *,
+    tries: int = SHRINK_TRIES,
+    seconds: float = SHRINK_SECONDS,
+) -> tuple[T, F]:
+    """The one shrinker: the smallest failing input it finds, and its failure.
+
+    Greedy: ``smaller(value, failure)`` lists smaller inputs, most promising first;
+    the first that still fails (``fails`` returns its failure, ``None`` if it passes)
+    replaces ``value`` and is shrunk again, until none fails or ``tries`` runs or
+    ``seconds`` are spent (a slow function gets a less shrunk input rather than the
+    case's time limit).
+    """
+    deadline = time.monotonic() + seconds
     progress = True
-    while progress and tries < SHRINK_TRIES:
+    while progress:
         progress = False
-        for candidate in spec.shrink(value):
-            tries += 1
-            if tries >= SHRINK_TRIES or time.monotonic() > deadline:
-                tries = SHRINK_TRIES
-                break
-            found = _still_fails(spec, fn, candidate)
+        for candidate in smaller(value, failure):
+            if tries <= 0 or time.monotonic() > deadline:
+                return value, failure
+            tries -= 1
+            found = fails(candidate)
             if found is not None:
                 value, failure, progress = candidate, found, True
                 break
-    return value, size, seed, failure
+    return value, failure
 
 
 def shrink_tuple(items: tuple[Any, ...], minimum: int = 0) -> Iterator[tuple[Any, ...]]:
@@ -496,160 +609,17 @@ _LIBRARY_DIRS = tuple(
 
 
 def is_learner_file(filename: str) -> bool:
-    """Whether code in ``filename`` is the learner's: neither minikv's nor a library's (a notebook cell is)."""
+    """Whether code in ``filename`` is the learner's: neither minikv's nor a library's (a notebook cell is).
+
+    Python's own generated code (``<string>``: a dataclass's ``__init__``; ``<frozen ...>``) is not.
+    """
+    if filename == "<string>" or filename.startswith("<frozen "):
+        return False
     try:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
         return True
     return not resolved.startswith(_PACKAGE_DIR) and not resolved.startswith(_LIBRARY_DIRS)
-
-
-def _reference_functions(forbidden: tuple[tuple[object, str], ...]) -> list[tuple[object, str, FunctionType | None]]:
-    """Each forbidden ``(owner, name)`` with the plain function behind it (unwrapping static and class methods)."""
-    found = []
-    for owner, name in forbidden:
-        value = vars(owner).get(name) if name in vars(owner) else getattr(owner, name, None)
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        found.append((owner, name, value if isinstance(value, FunctionType) else None))
-    return found
-
-
-_ORIGINAL_CODE: dict[int, CodeType] = {}
-"""id(reference function) -> its own code, while it is switched off (the code it is running then is a refusal)."""
-
-
-@contextlib.contextmanager
-def _forbidding(forbidden: tuple[tuple[object, str], ...]) -> Iterator[None]:
-    """Switch minikv's own answers off while the learner's code runs, under every name they have.
-
-    A reference function is switched off at its *code object*: its ``__code__``
-    is replaced by one that raises "this is minikv's own answer". A function
-    object is the same object under every name it is bound to, so this catches
-    ``from minikv.lifecycle import admit as my_admit`` done before ``check``
-    runs, a ``functools.partial`` of it, a wrapper that calls it, a class that
-    inherits it, and ``check(id, minikv.admit)`` itself -- which replacing the
-    attribute on its module (what the forbid-list did before) did not. A *copy*
-    of the function (a new function object around the same code) is refused by
-    :func:`_refuse_copies` before the learner's function runs. Only a function
-    with a closure, whose code cannot be swapped, falls back to replacing the
-    attribute. Everything is restored when the learner's function returns.
-    """
-    swapped: list[tuple[FunctionType, CodeType]] = []
-    replaced: list[tuple[object, str, object, bool]] = []
-    seen: set[int] = set()
-    for owner, name, function in _reference_functions(forbidden):
-        if function is not None and not function.__code__.co_freevars:
-            if id(function) in seen:
-                continue
-            seen.add(id(function))
-            swapped.append((function, function.__code__))
-            _ORIGINAL_CODE.setdefault(id(function), function.__code__)
-            function.__code__ = _refusal_code(owner, name)
-            continue
-        own = name in vars(owner)
-        replaced.append((owner, name, vars(owner)[name] if own else None, own))
-        setattr(owner, name, _refusal(owner, name))
-    try:
-        yield
-    finally:
-        for function, code in reversed(swapped):
-            function.__code__ = code
-            if _ORIGINAL_CODE.get(id(function)) is code:
-                del _ORIGINAL_CODE[id(function)]
-        for owner, name, original, own in reversed(replaced):
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
-
-
-def _owner_name(owner: object) -> str:
-    return str(getattr(owner, "__name__", type(owner).__name__))
-
-
-def _refusal_message(owner: object, name: str) -> str:
-    return f"{_owner_name(owner)}.{name} is minikv's own answer to this exercise; write it yourself"
-
-
-def _refusal_code(owner: object, name: str) -> CodeType:
-    """A code object that accepts any arguments and raises the refusal (no closure, so it fits any function)."""
-    namespace: dict[str, Any] = {}
-    source = f"def refuse(*args, **kwargs):\n    raise RuntimeError({_refusal_message(owner, name)!r})"
-    exec(compile(source, __file__, "exec"), namespace)  # our own source: one constant message
-    code: CodeType = namespace["refuse"].__code__
-    return code.replace(co_name=name)
-
-
-def _refusal(owner: object, name: str) -> Callable[..., Any]:
-    message = _refusal_message(owner, name)
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(message)
-
-    return refuse
-
-
-def _refuse_copies(fn: object, forbidden: tuple[tuple[object, str], ...]) -> None:
-    """Refuse a learner's function that *is* a reference's code under a new function object.
-
-    Looks at ``fn`` (a function, a bound method, a class's own methods, a
-    ``functools.partial``), the functions it closes over, and the module-level
-    functions its code names, two levels deep: if one of them runs a
-    reference's own code object, the learner handed in minikv's answer.
-    """
-    codes = {}
-    for owner, name, function in _reference_functions(forbidden):
-        if function is not None:
-            code = _ORIGINAL_CODE.get(id(function), function.__code__)
-            codes[code] = f"{_owner_name(owner)}.{name}"
-    if not codes:
-        return
-    seen: set[int] = set()
-
-    def visit(obj: object, depth: int) -> str | None:
-        if depth < 0 or id(obj) in seen:
-            return None
-        seen.add(id(obj))
-        target = getattr(obj, "func", None) if type(obj).__name__ == "partial" else obj
-        target = getattr(target, "__func__", target)
-        if isinstance(target, type):
-            for klass in target.__mro__:
-                if klass.__module__.startswith("minikv.") or klass is object:
-                    continue
-                for value in vars(klass).values():
-                    found = visit(getattr(value, "__func__", value), depth)
-                    if found:
-                        return found
-            return None
-        if not isinstance(target, FunctionType):
-            return None
-        if target.__code__ in codes:
-            return codes[target.__code__]
-        inner = [cell.cell_contents for cell in target.__closure__ or () if _cell_is_set(cell)]
-        inner += [target.__globals__[n] for n in target.__code__.co_names if n in target.__globals__]
-        for value in inner:
-            found = visit(value, depth - 1)
-            if found:
-                return found
-        return None
-
-    found = visit(fn, 2)
-    if found:
-        raise LearnerRaised(
-            RuntimeError(
-                f"this runs the code of {found}, which is minikv's own answer to this exercise; write it yourself"
-            ),
-            "",
-        )
-
-
-def _cell_is_set(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
-    except ValueError:
-        return False
-    return True
 
 
 def _raising_function(tb: TracebackType | None) -> str:
@@ -675,18 +645,159 @@ def _stub_sentence(function: str, fn: object) -> str:
 
 @contextlib.contextmanager
 def _time_limit(seconds: float) -> Iterator[None]:
-    """Stop a case that runs too long (only where SIGALRM exists and we are on the main thread)."""
-    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+    """Stop a case that runs too long (only where SIGALRM exists and we are on the main thread).
+
+    The alarm goes off after ``seconds`` and then every :data:`_RETRY_S` until the case ends;
+    each time it arms a :class:`_Stopper`.
+    """
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise _TimedOut()
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    stopper = _Stopper()
+    previous = signal.signal(signal.SIGALRM, stopper.on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds, _RETRY_S)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        stopper.disarm()
+
+
+_RETRY_S = 0.05
+
+
+class _Stopper:
+    """Stops the learner's code once the time limit passed, even code that catches every exception.
+
+    Raising once is not enough: a bare ``except:`` in a loop would swallow it and go
+    on. So once armed, the stopper raises :class:`_TimedOut` again at *every line* of
+    the learner's code (a trace function, ``sys.settrace``; minikv's and the libraries'
+    lines run on, so their cleanup still happens). Python switches a trace function off
+    when it raises, so a profile function (``sys.setprofile``), which sees every call
+    and return, arms it again, and so does the alarm every :data:`_RETRY_S`. The
+    exception thus climbs out of one ``except`` after another until it leaves the
+    learner's code. :meth:`disarm` puts the previous trace and profile functions back.
+    """
+
+    def __init__(self) -> None:
+        self.trace, self.profile = sys.gettrace(), sys.getprofile()
+        self.frames: dict[int, FrameType] = {}
+        self.armed = False
+
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        self.arm(frame)
+        if frame is not None and _is_learner_code(frame.f_code):
+            raise _TimedOut()  # raised here, not by the trace function, it leaves the trace function on
+
+    def arm(self, frame: FrameType | None) -> None:
+        self.armed = True
+        sys.settrace(self.on_trace)
+        sys.setprofile(self.on_profile)
+        while frame is not None:  # the frames already running: a trace function only sees new ones
+            if _is_learner_code(frame.f_code):
+                frame.f_trace = self.on_trace
+                self.frames[id(frame)] = frame
+            frame = frame.f_back
+
+    def on_trace(self, frame: FrameType, event: str, arg: object) -> Any:
+        if not _is_learner_code(frame.f_code):
+            return None
+        if event == "line":
+            raise _TimedOut()
+        return self.on_trace
+
+    def on_profile(self, frame: FrameType, event: str, arg: object) -> None:
+        if sys.gettrace() != self.on_trace:
+            self.arm(frame)
+
+    def disarm(self) -> None:
+        if not self.armed:
+            return
+        sys.settrace(self.trace)
+        sys.setprofile(self.profile)
+        for frame in self.frames.values():
+            frame.f_trace = None
+        self.frames.clear()
+        self.armed = False
+
+
+_LEARNER_CODE: dict[CodeType, bool] = {}
+
+
+def _is_learner_code(code: CodeType) -> bool:
+    found = _LEARNER_CODE.get(code)
+    if found is None:
+        found = _LEARNER_CODE[code] = is_learner_file(code.co_filename)
+    return found
+
+
+class _ProcessState:
+    """What ``check`` puts back after every case: whatever the learner's code rebound or patched.
+
+    minikv's module attributes, its classes' attributes and its functions' code and
+    defaults; the signal handlers and the interval timer; the trace and profile
+    functions. (Attributes the learner's code *added* are left: importing a submodule
+    adds one too.)
+    """
+
+    def __init__(self) -> None:
+        self.modules = {name: m for name, m in sys.modules.items() if name == "minikv" or name.startswith("minikv.")}
+        self.namespaces: list[tuple[object, dict[str, Any]]] = []
+        self.functions: list[tuple[FunctionType, tuple[Any, ...]]] = []
+        classes: list[type] = []
+        for module in self.modules.values():
+            self.namespaces.append((module, dict(vars(module))))
+            classes += [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
+        for cls in classes:
+            self.namespaces.append((cls, dict(vars(cls))))
+        for _, namespace in self.namespaces:
+            for value in namespace.values():
+                for fn in _functions_in(value):
+                    self.functions.append((fn, _function_parts(fn)))
+        self.trace, self.profile = sys.gettrace(), sys.getprofile()
+        self.main_thread = threading.current_thread() is threading.main_thread()
+        self.handlers = {}
+        if self.main_thread:
+            for number in signal.valid_signals():
+                with contextlib.suppress(OSError, ValueError):
+                    self.handlers[number] = signal.getsignal(number)
+        self.timer = signal.getitimer(signal.ITIMER_REAL) if hasattr(signal, "getitimer") else None
+
+    def restore(self) -> None:
+        for owner, namespace in self.namespaces:
+            now = vars(owner)
+            for name, value in namespace.items():
+                if now.get(name, _MISSING) is not value:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        type.__setattr__(owner, name, value) if isinstance(owner, type) else setattr(owner, name, value)
+        for fn, parts in self.functions:
+            if _function_parts(fn) != parts:
+                fn.__code__, fn.__defaults__, fn.__kwdefaults__ = parts
+        if sys.gettrace() is not self.trace:
+            sys.settrace(self.trace)
+        if sys.getprofile() is not self.profile:
+            sys.setprofile(self.profile)
+        if self.main_thread:
+            for number, handler in self.handlers.items():
+                if handler is not None and signal.getsignal(number) is not handler:
+                    with contextlib.suppress(OSError, ValueError, TypeError):
+                        signal.signal(number, handler)
+            if self.timer is not None and signal.getitimer(signal.ITIMER_REAL) != self.timer:
+                signal.setitimer(signal.ITIMER_REAL, *self.timer)
+
+
+_MISSING = object()
+
+
+def _functions_in(value: object) -> list[FunctionType]:
+    """The plain functions behind a namespace entry: a function, a static or class method, a property."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if isinstance(f, FunctionType)]
+    return [value] if isinstance(value, FunctionType) else []
+
+
+def _function_parts(fn: FunctionType) -> tuple[Any, ...]:
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)

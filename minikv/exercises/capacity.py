@@ -43,7 +43,6 @@ _SHAPES = [
 @exercise(
     "capacity.kv_bytes_per_token",
     "bytes of K and V for one token, all layers",
-    forbid=((_capacity, "kv_bytes_per_token"),),
 )
 def _kv_bytes_cases() -> list[Case]:
     return [
@@ -55,7 +54,6 @@ def _kv_bytes_cases() -> list[Case]:
 @exercise(
     "capacity.mla_bytes_per_token",
     "bytes per token under multi-head latent attention",
-    forbid=((_capacity, "mla_bytes_per_token"),),
 )
 def _mla_cases() -> list[Case]:
     shapes = [
@@ -135,7 +133,6 @@ def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: ob
 @exercise(
     "capacity.tokens_that_fit",
     "whole tokens whose KV fits in a memory budget",
-    forbid=((_capacity, "tokens_that_fit"),),
 )
 def _fit_cases() -> list[Case]:
     gib = 1024**3

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-import minikv as _minikv
-
 from .. import lifecycle as _lifecycle
 from ..base import KVCacheLayout
 from ..errors import IntegrityError, OutOfSlotsError
@@ -551,7 +549,6 @@ def _no_evict_from(error: BaseException | None) -> None:
 @exercise(
     "lifecycle.admit",
     "steps 1-3: match, lock, allocate",
-    forbid=((_lifecycle, "admit"), (_lifecycle, "serve"), (_minikv, "admit"), (_minikv, "serve")),
 )
 def _admit_cases() -> list[Case]:
     return [_scenario_case(s, _run_admit) for s in ADMIT_SCENARIOS] + [
@@ -658,7 +655,6 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
 @exercise(
     "lifecycle.finish",
     "steps 4, 5 and 7: insert, free the duplicates, unlock",
-    forbid=((_lifecycle, "finish"), (_lifecycle, "serve"), (_minikv, "finish"), (_minikv, "serve")),
 )
 def _finish_cases() -> list[Case]:
     return [_scenario_case(s, _run_finish) for s in FINISH_SCENARIOS] + [
@@ -706,7 +702,6 @@ def _run_finish(fn: _F, scenario: Scenario) -> None:
 @exercise(
     "lifecycle.serve",
     "all seven steps of one request",
-    forbid=tuple((owner, name) for owner in (_lifecycle, _minikv) for name in ("admit", "finish", "serve")),
 )
 def _serve_cases() -> list[Case]:
     return [_scenario_case(s, _run_serve) for s in SERVE_SCENARIOS] + [

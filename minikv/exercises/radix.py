@@ -14,10 +14,8 @@ subclass (``page_size > 1``), and ``radix.cache`` runs the whole class through
 random histories of requests (:mod:`minikv.exercises.radix_history`) next to
 minikv's own manager, and shows the smallest failing history.
 
-minikv's own answers are off limits while the learner's code runs: a class that
-inherits from :class:`~minikv.RadixCacheManager`, a method copied from it onto the
-learner's class, or a call into it from the learner's code (however the function
-was reached) fails with a sentence saying so.
+A class that inherits from :class:`~minikv.RadixCacheManager` runs minikv's own
+answers: ``check`` says so in one sentence instead of grading it.
 """
 
 # ruff: noqa: E501  (the case tables keep one case per line)
@@ -26,11 +24,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
-import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import CodeType, FrameType
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -71,58 +68,12 @@ TASKS = {
 }
 """Each method the learner writes, and the task of exercise 5 that asks for it."""
 
-CALL_BUDGET = 1_000_000
-"""A call into the learner's code that makes more function calls than this is stopped: it loops."""
-
-
-# -- what is minikv's own answer ----------------------------------------------------------
-
-
-def _forbidden_codes() -> dict[CodeType, str]:
-    codes: dict[CodeType, str] = {}
-    for name, value in vars(RadixCacheManager).items():
-        fn = value.fget if isinstance(value, property) else value
-        code = getattr(fn, "__code__", None)
-        if isinstance(code, CodeType):
-            codes[code] = f"RadixCacheManager.{name}"
-    for name in ("split_at", "get_match_len"):
-        codes[getattr(RadixTreeNode, name).__code__] = f"RadixTreeNode.{name}"
-    codes[_radix_module.match_len.__code__] = "minikv.radix_manager.match_len"
-    return codes
-
-
-_FORBIDDEN = _forbidden_codes()
-_FORBID: tuple[tuple[object, str], ...] = (
-    *(
-        (RadixCacheManager, name)
-        for name in (
-            "walk",
-            "find",
-            "commit",
-            "match_prefix",
-            "insert_prefix",
-            "lock_handle",
-            "evict",
-            "reset",
-            "check_integrity",
-            "path_of",
-        )
-    ),
-    (RadixTreeNode, "split_at"),
-    (RadixTreeNode, "get_match_len"),
-    (_radix_module, "match_len"),
-)
-
 
 def is_stub(fn: object) -> bool:
     """Whether ``fn`` is still an exercise stub: its body does nothing but ``raise NotImplementedError``."""
     fn = inspect.unwrap(fn) if callable(fn) else fn
     code = getattr(fn, "__code__", None)
     return isinstance(code, CodeType) and set(code.co_names) == {"NotImplementedError"}
-
-
-class _Runaway(BaseException):
-    """Raised inside the learner's code when it makes too many calls (a BaseException: no ``except`` swallows it)."""
 
 
 # -- the learner's class --------------------------------------------------------------------
@@ -142,23 +93,10 @@ class Subject:
     # -- before anything runs --
 
     def precheck(self) -> None:
-        """Refuse minikv's own answers; report an unwritten method as unwritten."""
+        """Report a missing method as missing and an unwritten one as unwritten."""
         cls = self.cls
         if not isinstance(cls, type):
             return  # a function: calling it as the constructor will say what it is
-        if issubclass(cls, RadixCacheManager):
-            raise Mismatch(
-                f"{self.name} inherits from RadixCacheManager, so it runs minikv's own answers. Derive it from "
-                "BaseCacheManager, as the skeleton does, and write the methods yourself."
-            )
-        for name in TASKS:
-            fn = getattr(cls, name, None)
-            code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
-            if code in _FORBIDDEN:
-                raise Mismatch(
-                    f"{self.name}.{name} is minikv's own {_FORBIDDEN[code]}, bound to your class: that is the "
-                    "answer to this exercise. Write the method yourself."
-                )
         missing = [name for name in self.own if not callable(getattr(cls, name, None))]
         if missing:
             raise Mismatch(f"{self.name} has no method {missing[0]}: keep the skeleton's methods.")
@@ -200,46 +138,12 @@ class Subject:
     # -- while the learner's code runs --
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call the learner's code, watching it: no call into minikv's own answers, no endless recursion."""
-        hits: list[str] = []
-        left = [CALL_BUDGET]
-
-        def watch(frame: FrameType, event: str, arg: object) -> None:
-            if event == "call":
-                found = _FORBIDDEN.get(frame.f_code)
-                if found is not None and found not in hits:
-                    hits.append(found)
-            left[0] -= 1
-            if left[0] < 0:
-                raise _Runaway()
-
-        previous = sys.getprofile()
-        sys.setprofile(watch)
+        """Call the learner's code; a method that is still the stub is named."""
         try:
-            result = call(fn, *args, **kwargs)
+            return call(fn, *args, **kwargs)
         except LearnerRaised as learner:
-            sys.setprofile(previous)
-            if hits:
-                raise self._borrowed(hits) from None
             self._name_the_stub(learner)
             raise
-        except _Runaway:
-            sys.setprofile(previous)
-            raise Mismatch(
-                f"{_what(fn)} made more than {CALL_BUDGET:,} function calls on a small tree, so it was stopped: "
-                "does it loop? (A node listed below itself, or a walk that never moves on.)"
-            ) from None
-        finally:
-            sys.setprofile(previous)
-        if hits:
-            raise self._borrowed(hits)
-        return result
-
-    def _borrowed(self, hits: list[str]) -> Mismatch:
-        return Mismatch(
-            f"your code ran minikv's own {', '.join(hits)}: that is the answer this exercise asks you to write. "
-            "Use only the node's attributes, set_key_value, set_parent, child_key and your own methods."
-        )
 
     def _name_the_stub(self, learner: LearnerRaised) -> None:
         """A NotImplementedError from another method than the graded ones: say which one is still the stub."""
@@ -260,11 +164,6 @@ class Subject:
         via = f"your {caller} calls self.{stub}" if caller else f"this case needs self.{stub}"
         task = f" (Task {TASKS[stub]})" if stub in TASKS else ""
         raise Mismatch(f"{via}, which is still the stub{task}: write it first.") from None
-
-
-def _what(fn: Callable[..., Any]) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "your code"
-    return f"your {name.rsplit('.', 1)[-1]}" if name != "your code" else name
 
 
 _OWN_OVERRIDE: list[tuple[str, ...]] = []
@@ -364,7 +263,7 @@ def _expect_refusal(
 # -- radix.match_len ---------------------------------------------------------------------
 
 
-@exercise("radix.match_len", "MyRadixCache.match_len: how many leading tokens two arrays share", forbid=_FORBID)
+@exercise("radix.match_len", "MyRadixCache.match_len: how many leading tokens two arrays share")
 def _match_len_cases() -> list[Case]:
     long = list(range(1000))
     pairs: list[tuple[str, list[int], list[int]]] = [
@@ -490,7 +389,7 @@ def _random_splits(seed: int, tree: Recipe, count: int) -> list[tuple[tuple[int,
     return splits
 
 
-@exercise("radix.split_at", "MyRadixCache.split_at: cut a node in two and return the upper half", forbid=_FORBID)
+@exercise("radix.split_at", "MyRadixCache.split_at: cut a node in two and return the upper half")
 def _split_cases() -> list[Case]:
     one = recipe(insert(1, 2, 3, 4))
     with_child = recipe(insert(1, 2, 3, 4, 5), insert(1, 2, 3, 4, 5, 6, 7))
@@ -586,7 +485,6 @@ def _random_inputs(rng: random.Random, tree: Recipe, count: int, vocab: int, max
 @exercise(
     "radix.walk",
     "MyRadixCache.walk: descend along the input, splitting where the match ends inside a node",
-    forbid=_FORBID,
 )
 def _walk_cases() -> list[Case]:
     two = recipe(insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6), insert(7, 8))
@@ -678,7 +576,6 @@ def _check_match(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tupl
 @exercise(
     "radix.match_prefix",
     "MyRadixCache.match_prefix: the longest cached prefix, its handle and its slots",
-    forbid=_FORBID,
 )
 def _match_cases() -> list[Case]:
     two = recipe(insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6), insert(7, 8))
@@ -807,9 +704,7 @@ def _random_inserts(seed: int, count: int, vocab: int, max_len: int) -> list[_In
     return out
 
 
-@exercise(
-    "radix.insert_prefix", "MyRadixCache.insert_prefix: hand a finished request's slots to the tree", forbid=_FORBID
-)
+@exercise("radix.insert_prefix", "MyRadixCache.insert_prefix: hand a finished request's slots to the tree")
 def _insert_cases() -> list[Case]:
     cached = recipe(insert(1, 2, 3, 4))
     locked = recipe(insert(1, 2, 3, 4), lock(1, 2, 3, 4), lock(1, 2))
@@ -904,7 +799,6 @@ def _random_lock_steps(seed: int, tree: Recipe, count: int) -> list[tuple[str, t
 @exercise(
     "radix.lock_handle",
     "MyRadixCache.lock_handle: lock or unlock the path from a handle's node to the root",
-    forbid=_FORBID,
 )
 def _lock_cases() -> list[Case]:
     single = recipe(insert(1, 2, 3))
@@ -985,7 +879,7 @@ def _random_evictions(seed: int, tree: Recipe) -> list[int]:
     return sizes
 
 
-@exercise("radix.evict", "MyRadixCache.evict: free the least recently used unlocked leaves", forbid=_FORBID)
+@exercise("radix.evict", "MyRadixCache.evict: free the least recently used unlocked leaves")
 def _evict_cases() -> list[Case]:
     leaf = recipe(insert(1, 2, 3, 4))
     two = recipe(insert(1, 2, 3), insert(7, 8, 9, 10), match(1, 2, 3))  # [7..10] is now older
@@ -1231,9 +1125,7 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
     return out
 
 
-@exercise(
-    "radix.check_integrity", "MyRadixCache.check_integrity: find every broken invariant of a radix tree", forbid=_FORBID
-)
+@exercise("radix.check_integrity", "MyRadixCache.check_integrity: find every broken invariant of a radix tree")
 def _integrity_cases() -> list[Case]:
     family = recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), insert(7, 8, 9), lock(1, 2, 5, 6))
     return [
@@ -1256,7 +1148,7 @@ def _paged_own(fn: _F) -> tuple[str, ...]:
     return own or ("insert_prefix",)
 
 
-@exercise("radix.page_aligned_insert", "a page-aware cache (page_size > 1): whole pages only", forbid=_FORBID)
+@exercise("radix.page_aligned_insert", "a page-aware cache (page_size > 1): whole pages only")
 def _page_cases() -> list[Case]:
     rng = random.Random(91)
     eight2, eight4 = recipe(insert(*range(8)), page_size=2), recipe(insert(*range(8)), page_size=4)
@@ -1404,7 +1296,7 @@ def _history_case(page_size: int, seeds: range) -> Case:
     )
 
 
-@exercise("radix.cache", "the whole cache: random histories, next to minikv's own manager", forbid=_FORBID)
+@exercise("radix.cache", "the whole cache: random histories, next to minikv's own manager")
 def _cache_cases() -> list[Case]:
     return [_history_case(ps, seeds) for ps, seeds in HISTORIES.items()]
 

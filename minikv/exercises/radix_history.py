@@ -23,7 +23,7 @@ history; the exercise ``radix.cache`` runs a learner's class through the same fu
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..radix_manager import RadixCacheManager
 from ..snapshot import TreeSnapshot
 from . import _trees
 from ._core import LearnerRaised, Mismatch
+from ._core import shrink as _core_shrink
 
 __all__ = [
     "Failure",
@@ -409,7 +410,8 @@ def run_history(
 def shrink(
     history: Sequence[Op], fails: Callable[[History], Failure | None], budget: int = 400
 ) -> tuple[History, Failure | None]:
-    """The smallest history found that still fails: operations dropped, then prompts shortened.
+    """The smallest history found that still fails (:func:`minikv.exercises._core.shrink` with
+    smaller histories: cut after the failing step, runs of operations dropped, then prompts shortened).
 
     ``fails(history)`` runs one candidate. At most ``budget`` candidates are tried.
     """
@@ -417,31 +419,17 @@ def shrink(
     failure = fails(current)
     if failure is None:
         return current, None
-    tries = 0
-    current = current[: failure.step + 1]
-    chunk = max(1, len(current) // 2)
-    while chunk >= 1 and tries < budget:
-        start, removed = 0, False
-        while start < len(current) and tries < budget:
-            candidate = current[:start] + current[start + chunk :]
-            tries += 1
-            found = fails(candidate) if candidate else None
-            if found is not None:
-                current, failure, removed = candidate[: found.step + 1], found, True
-            else:
-                start += chunk
-        if not removed:
+
+    def smaller(history: History, failure: Failure) -> Iterator[History]:
+        if failure.step + 1 < len(history):
+            yield history[: failure.step + 1]
+        chunk = len(history) // 2
+        while chunk >= 1:
+            for start in range(0, len(history) - chunk + 1, chunk):
+                yield history[:start] + history[start + chunk :]
             chunk //= 2
-    i = 0
-    while i < len(current) and tries < budget:  # shorter prompts
-        if not current[i].ids:
-            i += 1
-            continue
-        candidate = (*current[:i], replace(current[i], ids=current[i].ids[:-1]), *current[i + 1 :])
-        tries += 1
-        found = fails(candidate)
-        if found is None:
-            i += 1
-        else:
-            current, failure = candidate[: found.step + 1], found
-    return current, failure
+        for i, op in enumerate(history):
+            if op.ids:
+                yield (*history[:i], replace(op, ids=op.ids[:-1]), *history[i + 1 :])
+
+    return _core_shrink(current, failure, lambda h: fails(h) if h else None, smaller, tries=budget)
