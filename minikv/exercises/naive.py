@@ -126,7 +126,7 @@ def _naive_cases() -> list[Case]:
 
     def own_case(fn: _F) -> None:
         manager = _make(fn)
-        calls = (
+        calls: tuple[tuple[str, Callable[[], Any]], ...] = (
             ("match_prefix", lambda: call(manager.match_prefix, torch.tensor([1, 2], dtype=torch.int64))[1]),
             ("evict(0)", lambda: call(manager.evict, 0)),
             ("reset()", lambda: call(manager.reset)),
