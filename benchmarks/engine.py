@@ -3,9 +3,9 @@
 Three workloads, seeded, sized for a CPU and a ``TinyDecoder`` (vocabulary 256,
 4 layers, 4 query heads and 2 KV heads of 64 dims, fp32, one torch thread):
 
-* ``shared_prompt`` -- :func:`minikv.workloads.shared_system_prompt`: two 96-token
+* ``shared_prompt`` -- :func:`minikv.course.workloads.shared_system_prompt`: two 96-token
   system prompts, each request one of them plus its own 8-24-token question;
-* ``few_shot`` -- :func:`minikv.workloads.few_shot`: a template, two of six
+* ``few_shot`` -- :func:`minikv.course.workloads.few_shot`: a template, two of six
   example blocks, a question;
 * ``multi_turn`` -- conversations driven in a closed loop: turn ``k + 1``'s
   prompt is turn ``k``'s prompt, the tokens the engine *generated* for it, and a
@@ -50,9 +50,9 @@ import numpy as np
 import torch
 from _common import table, write_results
 
+from minikv.course.workloads import few_shot, shared_system_prompt
 from minikv.engine import Engine, EngineRequest, make_engine
 from minikv.tiny_model import TinyDecoder
-from minikv.workloads import few_shot, shared_system_prompt
 
 VOCAB = 256
 MAX_NEW = 16

@@ -15,7 +15,7 @@ Variants, side by side:
 * ``radix ps=4``: the same with 4-token pages.
 
 On the large pool the script asserts that the radix cache's hits equal the
-offline optimum (:func:`minikv.workloads.offline_optimal_hits`) request by
+offline optimum (:func:`minikv.course.workloads.offline_optimal_hits`) request by
 request. A second, instrumented pass splits the time between the manager's
 methods, the page pool and the lifecycle glue. Both go in rounds: each round
 replays the stream once through every variant, in turn, so that a burst of
@@ -41,8 +41,8 @@ from _common import BREAKDOWN_COLUMNS, BREAKDOWN_FORMATS, REPLAY_COLUMNS, REPLAY
 
 from minikv import NaiveCacheManager, PagePool, RadixCacheManager
 from minikv.base import BaseCacheManager
+from minikv.course.workloads import few_shot, multi_turn_chat, offline_optimal_hits, shared_system_prompt, total_tokens
 from minikv.lifecycle import admit, finish
-from minikv.workloads import few_shot, multi_turn_chat, offline_optimal_hits, shared_system_prompt, total_tokens
 
 TIGHT_FRACTION = 0.25
 """The tight pool holds this share of the pages the stream needs when nothing is evicted."""

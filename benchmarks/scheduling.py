@@ -6,11 +6,11 @@ forms and admission has a choice. Each policy of :mod:`minikv.scheduling` serves
 the same requests on the same model (a ``TinyDecoder``, vocabulary 256, one
 layer: the figures here are counts, not times):
 
-* ``shared_prompt`` -- :func:`minikv.workloads.shared_system_prompt`: four 96-token
+* ``shared_prompt`` -- :func:`minikv.course.workloads.shared_system_prompt`: four 96-token
   system prompts, each request one of them and its own 8-24-token question;
-* ``few_shot`` -- :func:`minikv.workloads.few_shot`: a template, two of six
+* ``few_shot`` -- :func:`minikv.course.workloads.few_shot`: a template, two of six
   example blocks, a question;
-* ``multi_turn`` -- :func:`minikv.workloads.multi_turn_chat`: conversations whose
+* ``multi_turn`` -- :func:`minikv.course.workloads.multi_turn_chat`: conversations whose
   turns repeat the previous turn's prompt (its answer is new tokens);
 * ``many_shared`` -- the trace with many shared prompts: eight 64-token prompts,
   each asked by several requests in shuffled order, so FCFS keeps switching
@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from _common import machine, table, write_results
 
+from minikv.course.workloads import few_shot, multi_turn_chat, shared_system_prompt
 from minikv.engine import EngineRequest, make_engine
 from minikv.scheduling import FCFS, Aging, DFSWeight, LongestPrefixMatch, SchedulingPolicy
 from minikv.tiny_model import TinyDecoder
-from minikv.workloads import few_shot, multi_turn_chat, shared_system_prompt
 
 VOCAB = 256
 MAX_NEW = 8

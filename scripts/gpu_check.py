@@ -207,8 +207,8 @@ def replay(check: Check) -> dict[str, Any]:
 
     sys.path.insert(0, str(REPO))
     from minikv import KVCacheLayout, MHAKVCache, PagePool, RadixCacheManager
+    from minikv.course.workloads import multi_turn_chat, shared_system_prompt
     from minikv.lifecycle import admit, finish, store
-    from minikv.workloads import multi_turn_chat, shared_system_prompt
 
     device = "cpu" if check.dry_run else "cuda"
     streams = {

@@ -5,7 +5,7 @@ Course 2.0 (issue 14) set the limits: chapters 2 and 5 at most about 3,000 words
 chapter longer than it was when they were set. Words are counted by
 ``scripts/chapter_stats.py`` (the whitespace-separated tokens of the markdown cells). A chapter
 may define only the functions its lesson is about; everything else comes from the package
-(``minikv.demo``, ``minikv.viz``), so ``TAUGHT`` lists each definition a chapter keeps, and why.
+(``minikv.course.demo``, ``minikv.viz``), so ``TAUGHT`` lists each definition a chapter keeps, and why.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def test_chapter_defines_only_what_it_teaches(path: Path) -> None:
     stats = chapter_stats.stats(path)
     allowed = TAUGHT.get(stats.path, {})
     stray = sorted(set(stats.defs) - set(allowed))
-    assert not stray, f"{stats.path} defines {stray}: move them into minikv.demo, or list them in TAUGHT with why"
+    assert not stray, (
+        f"{stats.path} defines {stray}: move them into minikv.course.demo, or list them in TAUGHT with why"
+    )
 
 
 def test_the_counter_counts_what_it_says(tmp_path: Path) -> None:

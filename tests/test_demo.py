@@ -1,4 +1,4 @@
-"""minikv.demo: the helpers the book's demonstrations share."""
+"""minikv.course.demo: the helpers the book's demonstrations share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minikv import NaiveCacheManager, RadixCacheManager, admit, finish
-from minikv.demo import (
+from minikv.course.demo import (
     Server,
     html_table,
     new_server,
@@ -20,10 +20,10 @@ from minikv.demo import (
     token_kv,
     tokens_in_slots,
 )
+from minikv.course.vocab import Vocab
 from minikv.errors import ArgumentError, ArgumentTypeError, OutOfSlotsError
 from minikv.lifecycle import store
 from minikv.viz import TreeRecorder
-from minikv.vocab import Vocab
 
 
 def test_say_wraps_to_the_page(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,7 +116,7 @@ def test_html_table() -> None:
 
 
 def test_show_source_reads_the_package() -> None:
-    from minikv.demo import SourceListing, show_source
+    from minikv.course.demo import SourceListing, show_source
     from minikv.radix_manager import RadixTreeNode
 
     listing = show_source(RadixCacheManager.evict)
@@ -132,7 +132,7 @@ def test_show_source_reads_the_package() -> None:
 
 
 def test_show_source_refuses_what_is_not_minikv() -> None:
-    from minikv.demo import show_source
+    from minikv.course.demo import show_source
 
     with pytest.raises(ArgumentError, match="obj: show_source shows minikv's own code"):
         show_source(textwrap_fill)
@@ -147,7 +147,7 @@ def textwrap_fill() -> None:
 def test_glue_emits_what_myst_nb_reads(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import IPython.display
 
-    from minikv.demo import GLUE_PREFIX, glue
+    from minikv.course.demo import GLUE_PREFIX, glue
 
     monkeypatch.setitem(sys.modules, "myst_nb", None)  # any import of myst_nb now fails: Colab has none
     shown: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -172,7 +172,7 @@ def test_glue_matches_myst_nb_and_its_reader(monkeypatch: pytest.MonkeyPatch) ->
     import nbformat
 
     glue_module = pytest.importorskip("myst_nb.ext.glue")
-    from minikv.demo import GLUE_PREFIX, glue
+    from minikv.course.demo import GLUE_PREFIX, glue
 
     assert GLUE_PREFIX == glue_module.GLUE_PREFIX
     calls: dict[str, list[Any]] = {"minikv": [], "myst_nb": []}

@@ -1,4 +1,4 @@
-"""minikv.workloads.replay_hit_rate / hit_rate_sweep and minikv.viz.plot_hit_rate_sweep."""
+"""minikv.course.workloads.replay_hit_rate / hit_rate_sweep and minikv.viz.plot_hit_rate_sweep."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 
 from minikv import PagePool, RadixCacheManager, serve
-from minikv.errors import ArgumentError, ArgumentTypeError
-from minikv.viz import plot_hit_rate_sweep
-from minikv.workloads import (
+from minikv.course.workloads import (
     ReplayResult,
     few_shot,
     hit_rate_sweep,
@@ -26,6 +24,8 @@ from minikv.workloads import (
     smallest_pool,
     total_tokens,
 )
+from minikv.errors import ArgumentError, ArgumentTypeError
+from minikv.viz import plot_hit_rate_sweep
 
 
 def small_stream() -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """Every notebook runs with only what Google Colab has: no import of a build tool (myst_nb, jupyter_book).
 
 A chapter or exercise that imports a module Colab lacks stops there with ModuleNotFoundError (as
-chapter 5 did with ``from myst_nb import glue``, now :func:`minikv.demo.glue`). So the code cells of
+chapter 5 did with ``from myst_nb import glue``, now :func:`minikv.course.demo.glue`). So the code cells of
 the book's and the exercises' notebooks, and the exercise solutions they are made from, may import
 only: minikv, the standard library (``sys.stdlib_module_names``), IPython, and minikv's declared
 runtime dependencies (``[project].dependencies`` in pyproject.toml, whose distribution names are
@@ -105,7 +105,7 @@ def test_the_scan_finds_a_build_tool_import(tmp_path: Path) -> None:
         nbformat.v4.new_code_cell("%pip install -q minikv\nif True:\n    !echo hi\nimport sys, torch.nn as nn"),
         nbformat.v4.new_markdown_cell("import pandas"),
         nbformat.v4.new_code_cell("%%bash\nimport nothing"),
-        nbformat.v4.new_code_cell("import numpy as np\nfrom myst_nb import glue\nfrom minikv.demo import say"),
+        nbformat.v4.new_code_cell("import numpy as np\nfrom myst_nb import glue\nfrom minikv.course.demo import say"),
     ]
     path = tmp_path / "chapter.ipynb"
     nbformat.write(notebook, path)

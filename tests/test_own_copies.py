@@ -40,12 +40,12 @@ import torch
 
 from minikv import KVCacheLayout, MHAKVCache, PagePool, RadixCacheManager, lifecycle
 from minikv.block_manager import Sequence
+from minikv.course.vocab import Vocab
+from minikv.course.workloads import replay_hit_rate
 from minikv.engine import EngineRequest, make_engine, recompute
 from minikv.snapshot import SlotOwnership, TreeSnapshot
 from minikv.tiny_model import TinyDecoder
 from minikv.viz import TreeRecorder
-from minikv.vocab import Vocab
-from minikv.workloads import replay_hit_rate
 
 IDS = [3, 1, 4, 1, 5, 9, 2, 6]
 MODEL = TinyDecoder(vocab_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=32)

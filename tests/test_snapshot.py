@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from minikv import RadixCacheManager, RadixTreeNode
+from minikv.course.vocab import Vocab
 from minikv.errors import ArgumentError, ArgumentTypeError, IntegrityError
 from minikv.snapshot import NodeView, TreeSnapshot, diff_snapshots, node_path, outline
-from minikv.vocab import Vocab
 
 
 def family() -> RadixCacheManager:

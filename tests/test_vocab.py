@@ -1,12 +1,12 @@
-"""minikv.vocab.Vocab: the toy word-level tokenizer the book's examples use."""
+"""minikv.course.vocab.Vocab: the toy word-level tokenizer the book's examples use."""
 
 from __future__ import annotations
 
 import pytest
 
 import minikv.viz
+from minikv.course.vocab import Vocab
 from minikv.errors import ArgumentTypeError
-from minikv.vocab import Vocab
 
 
 def test_ids_in_order_of_first_appearance() -> None:

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minikv import PagePool, RadixCacheManager, serve
+from minikv.course.workloads import few_shot, multi_turn_chat, offline_optimal_hits, shared_system_prompt, total_tokens
 from minikv.errors import ArgumentError, ArgumentTypeError
-from minikv.workloads import few_shot, multi_turn_chat, offline_optimal_hits, shared_system_prompt, total_tokens
 
 GENERATORS = {
     "shared_system_prompt": lambda seed: shared_system_prompt(40, seed=seed),

@@ -671,9 +671,9 @@ check("radix.cache", MyPagedRadixCache)
 # call. Until your class is complete, these cells print which method is still missing.
 
 # %%
+from minikv.course.vocab import Vocab
 from minikv.snapshot import TreeSnapshot, outline
 from minikv.viz import TreeRecorder
-from minikv.vocab import Vocab
 
 vocab = Vocab()
 prompts = ["the cat sat on the mat", "the cat sat on a dog", "the dog ran", "the cat sat on the mat"]

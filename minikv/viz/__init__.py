@@ -2,7 +2,7 @@
 
 Draw the tree now::
 
-    from minikv.viz import Vocab, draw_tree   # Vocab is minikv.vocab.Vocab
+    from minikv.viz import Vocab, draw_tree   # Vocab is minikv.course.vocab.Vocab
     vocab = Vocab()
     manager.insert_prefix(vocab.encode("Hello world"), [0, 1])
     draw_tree(manager, vocab)
@@ -24,11 +24,11 @@ Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate) and
 :mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
-draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.vocab`.
+draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.course.vocab`.
 """
 
+from ..course.vocab import Vocab  # re-exported: the book's examples import it from here
 from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
-from ..vocab import Vocab  # re-exported: the book's examples import it from here
 from . import storage
 from .engine import EngineDrawing, draw_engine
 from .player import FramePlayer, PlayerFrame

@@ -1,7 +1,7 @@
 """Matplotlib pictures of what the cache did: a request's seven steps, slot counts over a replay, hit rates.
 
 :func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
-(:func:`minikv.workloads.hit_rate_sweep`), with the no-eviction rate as a dashed line.
+(:func:`minikv.course.workloads.hit_rate_sweep`), with the no-eviction rate as a dashed line.
 
 Every function draws from recorded values only (a request's ``trace``, a
 recorder's frames, match lengths) -- never from timings -- so the same run
@@ -191,8 +191,8 @@ SWEEP_COLOURS = ("#1570ef", "#079455", "#d92d20", "#7f56d9", "#f79009")
 def plot_hit_rate_sweep(sweeps: Any, *, title: str | None = None) -> Figure:
     """Hit rate (cached prompt tokens / prompt tokens) against pool size, one line per series.
 
-    ``sweeps`` is what :func:`minikv.workloads.hit_rate_sweep` returns (a sequence of
-    :class:`~minikv.workloads.ReplayResult`), or a mapping from a series name (a workload,
+    ``sweeps`` is what :func:`minikv.course.workloads.hit_rate_sweep` returns (a sequence of
+    :class:`~minikv.course.workloads.ReplayResult`), or a mapping from a series name (a workload,
     a page size) to one. Each series also gets its no-eviction rate (``optimal_rate``) as a
     dashed line: the rate an unlimited pool would reach.
     """

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_count, as_positive, as_token_ids
-from .errors import ArgumentError, ArgumentTypeError
-from .lifecycle import serve
-from .page_pool import PagePool
-from .radix_manager import RadixCacheManager
+from .._validate import as_count, as_positive, as_token_ids
+from ..errors import ArgumentError, ArgumentTypeError
+from ..lifecycle import serve
+from ..page_pool import PagePool
+from ..radix_manager import RadixCacheManager
 
 
 def shared_system_prompt(

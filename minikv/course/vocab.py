@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from .errors import ArgumentTypeError
+from ..errors import ArgumentTypeError
 
 __all__ = ["Vocab"]
 

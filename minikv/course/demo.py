@@ -17,7 +17,7 @@ cells about the cache:
 
 ::
 
-    from minikv.demo import new_server, token_kv, tokens_in_slots
+    from minikv.course.demo import new_server, token_kv, tokens_in_slots
     manager, pool, kv_cache = new_server(12, cached=[[1, 2, 3]])
     handle, slots = manager.match_prefix([1, 2, 3, 4])
     tokens_in_slots(kv_cache, slots)    # [1, 2, 3]: the KV of those tokens is in those slots
@@ -32,14 +32,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .base import BaseCacheManager, KVCacheLayout
-from .errors import ArgumentError, ArgumentTypeError
-from .lifecycle import serve
-from .mha_pool import MHAKVCache
-from .naive_manager import NaiveCacheManager
-from .page_pool import PagePool
-from .radix_manager import RadixCacheManager
-from .snapshot import TreeSnapshot, VocabLike, outline
+from ..base import BaseCacheManager, KVCacheLayout
+from ..errors import ArgumentError, ArgumentTypeError
+from ..lifecycle import serve
+from ..mha_pool import MHAKVCache
+from ..naive_manager import NaiveCacheManager
+from ..page_pool import PagePool
+from ..radix_manager import RadixCacheManager
+from ..snapshot import TreeSnapshot, VocabLike, outline
 
 __all__ = [
     "GLUE_PREFIX",
