@@ -4,7 +4,7 @@ A case never shares a manager between the learner and the reference: it builds
 two from the same *recipe* (inserts, matches, locks, in order), lets the
 learner's function change one and minikv's own code change the other, then
 compares snapshots. The tree is read once, by :meth:`minikv.snapshot.TreeSnapshot.of`
-(the same snapshot the drawings and the tests use); :class:`TreeState` keeps the
+(the same snapshot the drawings and the tests use); :class:`TreeSnapshot` keeps the
 part a learner's code is responsible for (keys, slots, ref counts, the order of
 last use, parent links, the size counters) and leaves out minikv's private
 bookkeeping (its eviction heap and node counter), which a learner's function has
@@ -17,7 +17,7 @@ import difflib
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -260,42 +260,21 @@ def checker_walk(cache: object, ids: Sequence[int]) -> None:
 # -- snapshots ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeState:
-    filed_under: object
-    key: tuple[int, ...]
-    value: tuple[int, ...]
-    ref_count: int
-    timestamp: int
-    parent_ok: bool
-    """The node's ``parent`` is the node whose ``children`` list it."""
-    children: tuple[NodeState, ...]
-
-
-@dataclass(frozen=True)
-class TreeState:
-    root_ref_count: int
-    root_key_len: int
-    children: tuple[NodeState, ...]
-    evictable_size: int
-    protected_size: int
-    clock: int | None
-    """The manager's logical time when the snapshot was taken: nodes stamped with it were used by the last call."""
-    tree: TreeSnapshot = field(compare=False, repr=False)
-    """The snapshot this state was taken from (for :func:`render`)."""
-
-
-def snapshot(manager: object) -> TreeState:
-    """The tree of ``manager`` (minikv's or a learner's) as plain values; a tree that cannot be read is a Mismatch.
+def snapshot(manager: object) -> TreeSnapshot:
+    """The tree of ``manager`` (minikv's or a learner's), read once; a tree that cannot be read is a Mismatch.
 
     A cycle (a node listed below itself) or a node listed in two places is reported as such,
     before anything walks the tree, so that no walk runs forever or blames the wrong thing.
+    The checker compares these :class:`~minikv.snapshot.TreeSnapshot` values, the same ones the
+    chapters draw.
     """
     problem = shape_problem(manager)
     if problem is not None:
         raise Mismatch(problem)
+    if int(getattr(manager.root_node, "length", 0)) != 0:  # type: ignore[attr-defined]
+        raise Mismatch("the root must hold no tokens.")
     try:
-        tree = TreeSnapshot.of(manager, max_nodes=MAX_NODES)
+        return TreeSnapshot.of(manager, max_nodes=MAX_NODES)
     except IntegrityError:
         raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?") from None
     except Exception as error:  # a node whose key or value is not an array, say
@@ -304,24 +283,12 @@ def snapshot(manager: object) -> TreeState:
             "int64 array), a value (an int32 tensor), ref_count and timestamp ints, and a children dict; "
             "set key and value with node.set_key_value(key, value)."
         ) from None
-    root = manager.root_node  # type: ignore[attr-defined]
-
-    def state(view: NodeView) -> NodeState:
-        return NodeState(
-            view.filed_under, view.tokens, view.slots, view.ref_count, view.timestamp, view.parent_ok,
-            tuple(state(child) for child in view.children),
-        )  # fmt: skip
-
-    info = tree.size_info
-    return TreeState(
-        tree.root.ref_count, int(root.length), tuple(state(child) for child in tree.root.children),
-        info.evictable_size, info.protected_size, tree.clock, tree,
-    )  # fmt: skip
 
 
-def nodes_of(state: TreeState) -> list[NodeState]:
-    out: list[NodeState] = []
-    stack = list(reversed(state.children))
+def nodes_of(tree: TreeSnapshot) -> list[NodeView]:
+    """Every node but the root, depth first, children in the order the tree lists them."""
+    out: list[NodeView] = []
+    stack = list(reversed(tree.root.children))
     while stack:
         node = stack.pop()
         out.append(node)
@@ -329,16 +296,16 @@ def nodes_of(state: TreeState) -> list[NodeState]:
     return out
 
 
-def all_slots(state: TreeState) -> list[int]:
-    return sorted(slot for node in nodes_of(state) for slot in node.value)
+def all_slots(tree: TreeSnapshot) -> list[int]:
+    return sorted(slot for node in nodes_of(tree) for slot in node.slots)
 
 
 # -- describing trees and their differences -------------------------------------
 
 
-def render(state: TreeState, values: bool = True, times: bool = True) -> str:
+def render(tree: TreeSnapshot, values: bool = True, times: bool = True) -> str:
     """The tree as indented text, one node per line, with the size counters (:func:`minikv.snapshot.outline`)."""
-    return outline(state.tree, values=values, times=times)
+    return outline(tree, values=values, times=times)
 
 
 def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
@@ -347,7 +314,7 @@ def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
     return str(list(values[:limit]))[:-1] + f", … {len(values) - limit} more]"
 
 
-def compare(expected: TreeState, got: TreeState, values: bool = True, times: bool = True, when: str = "") -> None:
+def compare(expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True, when: str = "") -> None:
     """Raise :class:`Mismatch` naming the first difference, with both trees drawn side by side and their diff."""
     problem = first_difference(expected, got, values, times)
     if problem is not None:
@@ -355,7 +322,7 @@ def compare(expected: TreeState, got: TreeState, values: bool = True, times: boo
 
 
 def tree_mismatch(
-    problem: str, expected: TreeState, got: TreeState, values: bool = True, times: bool = True
+    problem: str, expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True
 ) -> Mismatch:
     """A Mismatch whose ``expected`` is both trees side by side and whose ``got`` is the lines that differ."""
     left, right = render(expected, values, times), render(got, values, times)
@@ -378,52 +345,54 @@ def line_diff(left: str, right: str) -> str:
     return "what differs (- expected, + yours):\n" + "\n".join(changed)
 
 
-def first_difference(expected: TreeState, got: TreeState, values: bool = True, times: bool = True) -> str | None:
-    if got.root_ref_count != expected.root_ref_count:
+def first_difference(expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True) -> str | None:
+    if got.root.ref_count != expected.root.ref_count:
         return (
-            f"the root's ref_count should stay {expected.root_ref_count}, but it is {got.root_ref_count}: "
+            f"the root's ref_count should stay {expected.root.ref_count}, but it is {got.root.ref_count}: "
             "never lock or unlock the root."
         )
-    if got.root_key_len != 0:
-        return "the root must hold no tokens."
-    problem = _first_node_difference(expected.children, got.children, "the root", values)
+    problem = _first_node_difference(expected.root.children, got.root.children, "the root", values)
     if problem is not None:
         return problem
     if times:
         problem = _time_order_difference(expected, got)
         if problem is not None:
             return problem
-    if got.evictable_size != expected.evictable_size:
-        return f"evictable_size should be {expected.evictable_size}, but it is {got.evictable_size}."
-    if got.protected_size != expected.protected_size:
-        return f"protected_size should be {expected.protected_size}, but it is {got.protected_size}."
+    (exp_evictable, exp_protected), (got_evictable, got_protected) = expected.size_info, got.size_info
+    if got_evictable != exp_evictable:
+        return f"evictable_size should be {exp_evictable}, but it is {got_evictable}."
+    if got_protected != exp_protected:
+        return f"protected_size should be {exp_protected}, but it is {got_protected}."
     return None
 
 
 def _first_node_difference(
-    expected: tuple[NodeState, ...], got: tuple[NodeState, ...], where: str, values: bool
+    expected: tuple[NodeView, ...], got: tuple[NodeView, ...], where: str, values: bool
 ) -> str | None:
     exp_by_key = {node.filed_under: node for node in expected}
     got_by_key = {node.filed_under: node for node in got}
     for key, node in exp_by_key.items():
         if key not in got_by_key:
-            stray = next((g for g in got if g.key[:1] == node.key[:1]), None)
+            stray = next((g for g in got if g.tokens[:1] == node.tokens[:1]), None)
             if stray is not None:
                 return (
-                    f"under {where}, the child starting {_tokens(node.key[:3])} should be filed under the key {key!r}, "
-                    f"but it is filed under {stray.filed_under!r}."
+                    f"under {where}, the child starting {_tokens(node.tokens[:3])} should be filed under "
+                    f"the key {key!r}, but it is filed under {stray.filed_under!r}."
                 )
-            return f"under {where}, the node {_tokens(node.key)} is missing."
+            return f"under {where}, the node {_tokens(node.tokens)} is missing."
     for key, node in got_by_key.items():
         if key not in exp_by_key:
-            return f"under {where}, there should be no node {_tokens(node.key)}."
+            return f"under {where}, there should be no node {_tokens(node.tokens)}."
     for key, exp in exp_by_key.items():
         g = got_by_key[key]
-        name = f"the node {_tokens(exp.key)}"
-        if g.key != exp.key:
-            return f"under {where}, the node should hold the tokens {_tokens(exp.key)}, but it holds {_tokens(g.key)}."
-        if values and g.value != exp.value:
-            return f"{name} should hold the slots {_tokens(exp.value)}, but it holds {_tokens(g.value)}."
+        name = f"the node {_tokens(exp.tokens)}"
+        if g.tokens != exp.tokens:
+            return (
+                f"under {where}, the node should hold the tokens {_tokens(exp.tokens)}, "
+                f"but it holds {_tokens(g.tokens)}."
+            )
+        if values and g.slots != exp.slots:
+            return f"{name} should hold the slots {_tokens(exp.slots)}, but it holds {_tokens(g.slots)}."
         if g.ref_count != exp.ref_count:
             return f"{name} should have ref_count {exp.ref_count}, but it has {g.ref_count}."
         if not g.parent_ok:
@@ -434,7 +403,7 @@ def _first_node_difference(
     return None
 
 
-def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
+def _time_order_difference(expected: TreeSnapshot, got: TreeSnapshot) -> str | None:
     """Compare the *order* of last use, not the clock values: the learner may tick the clock differently."""
     exp_nodes, got_nodes = nodes_of(expected), nodes_of(got)
     if _ranks([n.timestamp for n in exp_nodes]) == _ranks([n.timestamp for n in got_nodes]):
@@ -442,7 +411,7 @@ def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
     newest_exp = max((n.timestamp for n in exp_nodes), default=None)
     newest_got = max((n.timestamp for n in got_nodes), default=None)
     for exp, mine in zip(exp_nodes, got_nodes, strict=False):  # first, the usual slip: the time of the last use
-        name = f"the node {_tokens(exp.key)}"
+        name = f"the node {_tokens(exp.tokens)}"
         if exp.timestamp == newest_exp and mine.timestamp != newest_got:
             return (
                 f"{name} was used by the latest walk, so it should carry the newest time in the tree "
@@ -457,7 +426,7 @@ def _time_order_difference(expected: TreeState, got: TreeState) -> str | None:
         for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :], strict=False):
             want, have = _cmp(a_exp.timestamp, b_exp.timestamp), _cmp(a_got.timestamp, b_got.timestamp)
             if want != have:
-                a, b = f"the node {_tokens(a_exp.key)}", f"the node {_tokens(b_exp.key)}"
+                a, b = f"the node {_tokens(a_exp.tokens)}", f"the node {_tokens(b_exp.tokens)}"
                 relation = {-1: "before", 0: "at the same time as", 1: "after"}
                 return (
                     f"{a} should have been used {relation[want]} {b} "

@@ -135,7 +135,7 @@ def check_accounting(world: World, when: str) -> None:
             "indices[cached_len:already_cached], never indices[:already_cached]."
         )
     ps = world.pool.page_size
-    tree_pages = state.evictable_size // ps + state.protected_size // ps
+    tree_pages = state.size_info.evictable_size // ps + state.size_info.protected_size // ps
     accounted = world.pool.num_free_pages + tree_pages + world.running_pages()
     if accounted != world.pool.num_pages:
         lost = world.pool.num_pages - accounted

@@ -36,6 +36,7 @@ import torch
 from .. import radix_manager as _radix_module
 from ..errors import EvictionError, IntegrityError, LockError
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
+from ..snapshot import TreeSnapshot
 from . import _trees
 from ._core import (
     Case,
@@ -213,13 +214,13 @@ def _pair(
     return cache, ref, copies, handles
 
 
-def _times(state: _trees.TreeState) -> list[tuple[tuple[int, ...], int]]:
+def _times(state: TreeSnapshot) -> list[tuple[tuple[int, ...], int]]:
     """Each node's path from the root and its last-use time."""
-    return [(view.path, view.timestamp) for view in state.tree.views()]
+    return [(view.path, view.timestamp) for view in state.views()]
 
 
 def _same_times(
-    before: _trees.TreeState, after: _trees.TreeState, clock_before: object, clock_after: object, what: str
+    before: TreeSnapshot, after: TreeSnapshot, clock_before: object, clock_after: object, what: str
 ) -> None:
     """``what`` must change no node's last-use time and not tick the clock (it is not a use)."""
     if clock_after != clock_before:
@@ -567,7 +568,7 @@ def _check_match(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tupl
     _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
     indices.fill_(-7)  # the caller owns what it got back: the tree must not change
     after = _trees.snapshot(cache)
-    if any(-7 in n.value for n in _trees.nodes_of(after)):
+    if any(-7 in n.slots for n in _trees.nodes_of(after)):
         raise Mismatch(
             f"{what} returned a tensor the tree still uses: the caller wrote -7 into it and the tree shows -7. Return a new tensor (torch.cat makes one; for one node, .clone())."
         )
@@ -651,7 +652,7 @@ def _check_insert(
     mine = _trees.snapshot(cache)
     difference = _trees.first_difference(_trees.snapshot(ref), mine)
     if difference is not None:
-        if any(-5 in n.value for n in _trees.nodes_of(mine)):
+        if any(-5 in n.slots for n in _trees.nodes_of(mine)):
             difference += " (The tree shows -5: the caller overwrote its indices after the call, and the tree saw it. Store a copy: .clone().)"
         raise _trees.tree_mismatch(f"after {what}: {difference}", _trees.snapshot(ref), mine)
 

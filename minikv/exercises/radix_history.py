@@ -389,7 +389,7 @@ def run_history(
         difference = _trees.first_difference(exp_state, got_state)
         if difference is not None:
             return Failure(step, f"after {op.describe()}: {difference}", drawings.expected, drawings.got)
-        broken = _rules_broken(mine, got_state.tree)
+        broken = _rules_broken(mine, got_state)
         if broken is not None:
             return Failure(step, f"after {op.describe()}: {broken}", drawings.expected, drawings.got)
         if integrity:
