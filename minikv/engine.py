@@ -40,6 +40,12 @@ this engine's methods (:mod:`minikv.engine_stats` lists which).
 policy to order the waiting queue, then admits from the front until a request
 does not fit. The default, :class:`~minikv.scheduling.FCFS`, keeps arrival order.
 
+**Admission.** How much room admission keeps for decode is the admission
+policy's choice (:mod:`minikv.admission`): before admitting a request the engine
+asks it how many slots must stay available beyond the request's uncached prompt.
+The default, :class:`~minikv.admission.Optimistic`, holds back one page per
+running request, as described below.
+
 **Preemption.** When decode cannot get a slot even after evicting every unlocked
 prefix, the newest running request is preempted (as nano-vllm does) and put back
 at the front of the waiting queue. Preemption *inserts its finished prefix
@@ -84,6 +90,7 @@ import numpy as np
 import torch
 
 from ._validate import as_count, as_positive, as_token_ids
+from .admission import AdmissionPolicy, as_admission
 from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .engine_stats import EngineStats, StatsRecorder
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError, StepLimitError
@@ -197,6 +204,8 @@ class Engine:
     ``overlap`` schedules one step ahead, as described in the module docstring.
     ``policy`` orders the waiting queue before admission (a
     :class:`~minikv.scheduling.SchedulingPolicy` or its name, :func:`~minikv.scheduling.as_policy`).
+    ``admission`` decides how much room admission keeps for decode (an
+    :class:`~minikv.admission.AdmissionPolicy` or its name, :func:`~minikv.admission.as_admission`).
     ``stats`` counts and times what it does (:class:`~minikv.engine_stats.EngineStats`).
     """
 
@@ -210,6 +219,7 @@ class Engine:
         overlap: bool = False,
         insert_after_prefill: bool = True,
         policy: SchedulingPolicy | str = "fcfs",
+        admission: AdmissionPolicy | str = "optimistic",
     ) -> None:
         check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
@@ -227,6 +237,7 @@ class Engine:
         self.overlap = _as_flag(overlap, "overlap")
         self.insert_after_prefill = _as_flag(insert_after_prefill, "insert_after_prefill")
         self.policy = as_policy(policy)
+        self.admission = as_admission(admission)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         """Oldest admission first: preemption takes the last."""
@@ -339,18 +350,15 @@ class Engine:
 
     def _schedule_prefill(self) -> Batch | None:
         admitted: list[EngineRequest] = []
-        # One page per running request stays free for its next decode step, so that admitting
-        # newcomers never forces the requests already running into preemption.
-        reserve = self.page_size * len(self.running)
         self._order_waiting()
         while self.waiting and len(self.running) < self.max_running and self._free_rows:
             request = self.waiting[0]
-            if not self._admit(request, reserve):
+            # The admission policy says how much room to keep for decode beyond this prompt.
+            if not self._admit(request, self.admission.reserve(self.running, request, self.page_size)):
                 break
             self.waiting.popleft()
             self.running.append(request)
             admitted.append(request)
-            reserve += self.page_size
         for request in self.waiting:
             request.waited_steps += 1
         if not admitted:
@@ -405,6 +413,7 @@ class Engine:
         return handle, matched, self.pool.allocate(needed, evict_from=self.cache)
 
     def _schedule_decode(self) -> Batch | None:
+        preempted = 0
         while True:
             requests = [r for r in self.running if not self._retiring(r)]
             if not requests:
@@ -417,6 +426,7 @@ class Engine:
                 self._drain()  # its results may finish requests and free their slots
             elif len(requests) > 1:
                 self._preempt(self.running[-1])
+                preempted += 1
             else:  # cannot happen: submit() refuses a request the pool could never hold alone
                 raise OutOfSlotsError(f"decode: {needed} slots needed, {self._available()} free or evictable")
         positions = []
@@ -428,6 +438,7 @@ class Engine:
             positions.append(request.kv_len)  # the token fed in: the last one generated
             request.kv_len += 1
             request.num_scheduled += 1
+        self.admission.decoded(preempted)
         return Batch("decode", requests, [r.row for r in requests], positions, [p + 1 for p in positions])
 
     def _preempt(self, request: EngineRequest) -> None:
@@ -609,6 +620,7 @@ def make_engine(
     insert_after_prefill: bool = True,
     engine_class: type[Engine] = Engine,
     policy: SchedulingPolicy | str = "fcfs",
+    admission: AdmissionPolicy | str = "optimistic",
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
@@ -616,6 +628,7 @@ def make_engine(
     own (an empty one, with ``page_size`` pages), such as the radix cache of exercise 5.
     ``engine_class`` builds a subclass of :class:`Engine` instead, such as :class:`EarlyFreeEngine`.
     ``policy`` orders the waiting queue (:func:`~minikv.scheduling.as_policy`: a policy or its name).
+    ``admission`` keeps room for decode (:func:`~minikv.admission.as_admission`: a policy or its name).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
@@ -628,6 +641,7 @@ def make_engine(
     _as_flag(overlap, "overlap")
     _as_flag(insert_after_prefill, "insert_after_prefill")
     policy = as_policy(policy)
+    admission = as_admission(admission)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
@@ -658,7 +672,7 @@ def make_engine(
         model.device,
         page_size,
     )
-    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy)
+    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission)
 
 
 def recompute(

@@ -107,3 +107,14 @@ def test_scheduling_quick_generates_the_same_tokens_under_every_policy(tmp_path:
         assert fcfs["prefill_vs_fcfs"] == 1.0
     assert rows[("many_shared", "lpm")]["prefill_tokens"] < rows[("many_shared", "fcfs")]["prefill_tokens"]
     assert any(r["preemptions"] > 0 for r in doc["rows"])
+
+
+def test_admission_quick_generates_the_same_tokens_under_every_policy(tmp_path: Path) -> None:
+    doc = run_benchmark("admission", ["--quick"], tmp_path)  # the script asserts identical tokens per policy
+    assert doc["quick"] is True
+    rows = {r["policy"]: r for r in doc["rows"]}
+    assert set(rows) == {"optimistic", "full", "retraction", "retraction(fast)"}
+    assert rows["full"]["preemptions"] == 0 and rows["full"]["recomputed_tokens"] == 0
+    assert rows["optimistic"]["preemptions"] > 0
+    assert rows["full"]["max_concurrent"] < rows["optimistic"]["max_concurrent"]
+    assert len({r["generated_tokens"] for r in rows.values()}) == 1
