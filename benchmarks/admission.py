@@ -1,6 +1,6 @@
 """Admission policies side by side: how much room to keep for decode when admitting.
 
-One burst of requests (:func:`minikv.workloads.shared_system_prompt`: four 96-token
+One burst of requests (:func:`minikv.course.workloads.shared_system_prompt`: four 96-token
 system prompts, each request one of them and its own 8-24-token question), each
 with a budget of ``MAX_NEW`` new tokens and a few stop tokens, so most requests end
 well before their budget -- as real requests do. A ``TinyDecoder`` (vocabulary 256,
@@ -38,9 +38,9 @@ import torch
 from _common import machine, table, write_results
 
 from minikv.admission import AdmissionPolicy, FullReservation, Optimistic, Retraction
+from minikv.course.workloads import shared_system_prompt
 from minikv.engine import EngineRequest, make_engine
 from minikv.tiny_model import TinyDecoder
-from minikv.workloads import shared_system_prompt
 
 VOCAB = 256
 MAX_NEW = 48
