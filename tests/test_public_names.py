@@ -40,6 +40,8 @@ TEST_SUBJECTS: dict[str, tuple[str, ...]] = {
     "test_base_and_naive": ("minikv.base", "minikv.naive_manager"),
     # keeps the engine's admission loop as it was before policies, to prove FCFS left it unchanged
     "test_scheduling": ("minikv.scheduling", "minikv.engine"),
+    # the same for the admission policies: Optimistic must leave the loop as it was
+    "test_admission": ("minikv.admission", "minikv.engine"),
 }
 
 ALLOWED: dict[tuple[str, str], str] = {
