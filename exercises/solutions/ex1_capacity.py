@@ -68,7 +68,9 @@ check("capacity.kv_bytes_per_token", kv_bytes_per_token)
 # DeepSeek-V3 uses *multi-head latent attention* (MLA): instead of K and V per head, each
 # layer caches one compressed latent vector of `kv_lora_rank` elements per token, plus a
 # small key part of `qk_rope_head_dim` elements that carries the rotary position
-# encoding. K and V of every head are rebuilt from the latent when attention runs.
+# encoding. At decode, SGLang and vLLM attend over the latent itself, folding the
+# up-projections to K and V into the query and the output (chapter 1); only prefill may
+# expand it into full K and V, as temporaries.
 #
 # Write `mla_bytes_per_token(num_layers, kv_lora_rank, qk_rope_head_dim, dtype) -> int`.
 #

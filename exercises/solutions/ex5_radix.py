@@ -738,5 +738,6 @@ with explain_errors():
 # the least recently used leaves and then their parents, and `check_integrity` states every
 # rule the others must keep. Compare yours with `minikv/radix_manager.py`. It differs on
 # purpose in a few places: it checks every argument before it changes anything, and instead of
-# walking the whole tree on every `evict` it keeps a heap of evictable leaves up to date, the
-# fix SGLang adopted when that walk started to dominate its scheduler.
+# walking the whole tree on every `evict` it keeps a heap of evictable leaves up to date across
+# calls. SGLang 0.5.23 keeps a set of evictable leaves and builds a heap from it on each `evict`;
+# a heap kept across calls is only proposed there, in open pull requests.
