@@ -19,12 +19,15 @@ lists are host data and are accepted for any device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
 
 from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, MiniKVError, SlotIndexError
+
+Choice = TypeVar("Choice")
 
 INTEGER_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 """The torch dtypes accepted for token ids and slot indices."""
@@ -231,3 +234,18 @@ def as_positive(value: object, name: str) -> int:
     if count == 0:
         raise ArgumentError(f"{name} must be >= 1, got 0")
     return count
+
+
+def as_named_choice(value: object, kind: type, choices: Mapping[str, type[Choice]], name: str) -> Choice:
+    """``value`` if it is a ``kind``, else a fresh one for its short name in ``choices``; anything else is refused.
+
+    The engine's policies are given this way (``policy="lpm"`` or ``LongestPrefixMatch()``).
+    """
+    if isinstance(value, kind):
+        return cast(Choice, value)
+    article = "an" if kind.__name__[0] in "AEIOU" else "a"
+    if isinstance(value, str):
+        if value not in choices:
+            raise ArgumentError(f"{name} must be one of {sorted(choices)} or {article} {kind.__name__}, got {value!r}")
+        return choices[value]()
+    raise ArgumentTypeError(f"{name} must be {article} {kind.__name__} or its name, got {type(value).__name__}")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._validate import as_named_choice
 from .errors import ArgumentError, ArgumentTypeError
 
 if TYPE_CHECKING:
@@ -161,15 +162,7 @@ def as_admission(admission: object) -> AdmissionPolicy:
 
     Anything else is refused with an error that names ``admission``.
     """
-    if isinstance(admission, AdmissionPolicy):
-        return admission
-    if isinstance(admission, str):
-        if admission not in ADMISSIONS:
-            raise ArgumentError(
-                f"admission must be one of {sorted(ADMISSIONS)} or an AdmissionPolicy, got {admission!r}"
-            )
-        return ADMISSIONS[admission]()
-    raise ArgumentTypeError(f"admission must be an AdmissionPolicy or its name, got {type(admission).__name__}")
+    return as_named_choice(admission, AdmissionPolicy, ADMISSIONS, "admission")
 
 
 def _slots_to_come(request: EngineRequest, page_size: int) -> int:

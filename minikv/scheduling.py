@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._validate import as_named_choice
 from .base import BaseCacheManager
 from .errors import ArgumentError, ArgumentTypeError
 from .radix_manager import RadixCacheManager, RadixTreeNode
@@ -157,13 +158,7 @@ def as_policy(policy: object) -> SchedulingPolicy:
 
     Anything else is refused with an error that names ``policy``.
     """
-    if isinstance(policy, SchedulingPolicy):
-        return policy
-    if isinstance(policy, str):
-        if policy not in POLICIES:
-            raise ArgumentError(f"policy must be one of {sorted(POLICIES)} or a SchedulingPolicy, got {policy!r}")
-        return POLICIES[policy]()
-    raise ArgumentTypeError(f"policy must be a SchedulingPolicy or its name, got {type(policy).__name__}")
+    return as_named_choice(policy, SchedulingPolicy, POLICIES, "policy")
 
 
 def cached_prefix_len(cache: BaseCacheManager, ids: np.ndarray) -> int:
