@@ -273,3 +273,34 @@ def test_language_switch_sits_in_the_header_and_keeps_the_reader_s_place(page, s
         assert 0 <= top < 200, (
             f"{width}px: the other edition opened with section {section!r} at {top}px, not at the top"
         )
+
+
+@pytest.mark.parametrize("width", [800, 1280])
+def test_a_table_wider_than_the_column_says_that_it_scrolls(page, site: str, width: int) -> None:
+    """The guarantees table overflows the column; a reader must see that more columns are to the right."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"{site}/book/guarantees.html", wait_until="load")
+    boxes = page.evaluate(
+        """() => [...document.querySelectorAll('.pst-scrollable-table-container')].map(box => ({
+            wide: box.scrollWidth > box.clientWidth + 1,
+            marked: box.classList.contains('minikv-wide-table'),
+            hint: getComputedStyle(box, '::before').content,
+        }))"""
+    )
+    assert any(box["wide"] for box in boxes), f"{width}px: no table overflows, the test shows nothing"
+    for box in boxes:
+        assert box["marked"] == box["wide"], box
+        if box["wide"]:
+            assert "→" in box["hint"], box
+
+
+@pytest.mark.parametrize("width", [1024, 1280, 1440, 1920])
+def test_the_article_header_stays_one_row(page, site: str, width: int) -> None:
+    """The header's buttons and the edition link fit one row: the header is no taller than at 1920 px."""
+    heights = []
+    for each in (1920, width):
+        page.set_viewport_size({"width": each, "height": 900})
+        page.goto(f"{site}/book/05_radix.html", wait_until="load")
+        header = "() => document.querySelector('.bd-header-article').getBoundingClientRect().height"
+        heights.append(page.evaluate(header))
+    assert heights[1] <= heights[0] + 1 and heights[0] < 80, f"{width}px: header {heights[1]}px, {heights[0]}px at 1920"
