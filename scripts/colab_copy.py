@@ -14,8 +14,10 @@ The Chinese edition's badges and launch buttons open ``colab/zh/<page>.ipynb``: 
 its markdown translated from the book's catalogs (``locale/zh_CN/LC_MESSAGES/<page>.po``, the zh
 edition's own translations) and its code comments from ``locale/zh_CN/code_comments.po``
 (``scripts/colab_zh.py`` does both; ``--extract-comments`` updates the comment catalog after a code
-change). A block or comment with no translation stops the script, as stale markup does: run
-``scripts/i18n.py extract`` and translate, or add the comment's translation, then regenerate.
+change). A block or comment with no translation is named, makes the script exit 1 (the copy keeps
+its English) and fails ``--check``: run ``scripts/i18n.py extract`` and translate, or
+``--extract-comments`` and translate the comment, then regenerate. Where ``minikv.viz`` offers
+``set_language``, a zh copy's second cell turns the drawings' Chinese on.
 
 What changes, in markdown cells only (code cells are the same, the copies carry no outputs):
 
