@@ -112,11 +112,15 @@ def test_page_loads_with_title_images_and_no_leaks(page, site: str, name: str) -
 
 @pytest.mark.parametrize("name", notebook_pages())
 def test_colab_link_points_at_the_notebook_on_main(page, site: str, name: str) -> None:
-    """The launch button and badges open the Colab copy (colab/, scripts/colab_copy.py) on main."""
+    """The launch button and badges open the Colab copy (colab/, scripts/colab_copy.py) on main.
+
+    The Chinese edition's open the Chinese copy (colab/zh/).
+    """
     page.goto(f"{site}/{name}.html", wait_until="load")
     hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "links => links.map(a => a.href)")
     assert hrefs, f"{name}: no Colab launch link"
-    assert all(href.endswith(f"/blob/main/colab/{name}.ipynb") for href in hrefs), hrefs
+    folder = f"colab/{ZH}" if site.rstrip("/").endswith(f"/{ZH}") else "colab"
+    assert all(href.endswith(f"/blob/main/{folder}/{name}.ipynb") for href in hrefs), hrefs
 
 
 @pytest.mark.parametrize("name", toc_pages())
