@@ -26,7 +26,7 @@ _spec.loader.exec_module(chapter_stats)
 
 # notebook -> (most cells, most markdown words)
 LIMITS: dict[str, tuple[int, int]] = {
-    "book/00_introduction.ipynb": (9, 1020),
+    "book/00_introduction.ipynb": (9, 1035),  # 1,009 before its lines on chapters 8 and 9
     "book/01_why_manage.ipynb": (41, 1667),
     "book/02_two_layers.ipynb": (60, 3000),
     "book/03_storage.ipynb": (65, 4000),  # was 83 / 5,341 before Course 2.0
@@ -34,6 +34,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "book/05_radix.ipynb": (60, 3000),
     "book/06_forward_pass.ipynb": (31, 2239),
     "book/07_real_model.ipynb": (24, 1500),
+    "book/08_scheduler.ipynb": (60, 3000),
     "book/09_bridge.ipynb": (20, 1300),
     "book/under_the_hood.ipynb": (30, 1500),
     "book/questions.ipynb": (20, 1500),

@@ -200,7 +200,7 @@ def test_gpu_runtime_where_it_helps() -> None:
         assert wants_gpu == (page in GPU_PAGES), page
 
 
-@pytest.mark.parametrize("page", ["book/06_forward_pass.ipynb", "book/07_real_model.ipynb"])
+@pytest.mark.parametrize("page", ["book/06_forward_pass.ipynb", "book/07_real_model.ipynb", "book/08_scheduler.ipynb"])
 def test_token_equality_with_a_recompute_runs_on_the_cpu_on_every_runtime(page: str) -> None:
     """Batched and one-by-one matmuls round alike on the CPU (nbval checks it), not always on CUDA."""
     code = "\n".join("".join(c["source"]) for c in read(page)["cells"] if c["cell_type"] == "code")
