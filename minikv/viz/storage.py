@@ -52,7 +52,7 @@ __all__ = [
 _LAYER_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 _RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 _MAX_LABELLED_CELLS = 64  # beyond this many cells in a row, numbers inside cells become unreadable
-_COLUMN_INCHES = 6.9  # the book's text column, 690 px, at the notebooks' 100 dpi: shown unshrunk
+_COLUMN_INCHES = 6.7  # the book's 690-px column at the notebooks' 100 dpi, less the margin of a tight crop
 _LABEL_POINTS = 9  # the smallest text in a storage figure
 _INK = "#1a1a1a"  # text drawn over a cell: dark, on fills kept light by _shade
 
