@@ -22,6 +22,14 @@ This module keeps nano-vllm's rules (the last block of a prompt is always
 computed; a hash hit is trusted only if the block's tokens match) but not its
 code, and adds what a textbook needs: validated arguments that leave the state
 untouched when refused, and :meth:`BlockManager.check_integrity`.
+
+It follows nano-vllm as of commit ``f438ce4`` (February 2026), the design
+before chunked prefill: a prompt's full blocks are hashed and registered when
+:meth:`BlockManager.allocate` takes them, since the whole prompt is computed in
+the step that allocates it. Since PR #204 (April 2026, ``bb823b3`` and later)
+nano-vllm registers a block only after the forward pass that wrote it
+(``hash_blocks``): with chunked prefill a block may be allocated steps before
+its K/V exist, and a block findable that early would be read unwritten.
 """
 
 from __future__ import annotations

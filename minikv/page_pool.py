@@ -90,8 +90,9 @@ class PagePool:
             evictable = evict_from.size_info.evictable_size if evict_from is not None else 0
             if evict_from is None or evictable < shortfall:
                 raise OutOfSlotsError(
-                    f"num_tokens: {num_tokens} tokens need {needed} pages; {self._num_free} are free "
-                    f"and only {evictable} slots are evictable"
+                    f"num_tokens: {num_tokens} tokens need {needed * self.page_size} slots in pages of "
+                    f"{self.page_size}; {self._num_free * self.page_size} slots are free and {evictable} "
+                    f"are evictable, {shortfall - evictable} short"
                 )
             self._check_holds_only_used_pages(evict_from)
             evicted = evict_from.evict(shortfall)

@@ -2,12 +2,22 @@
 
     .venv/bin/python scripts/colab_copy.py           # (re)write colab/<path> for every notebook in _toc.yml
     .venv/bin/python scripts/colab_copy.py --check   # exit 1 if a copy is missing, stale or left over
+    .venv/bin/python scripts/colab_copy.py --extract-comments   # update locale/zh_CN/code_comments.po
 
 Colab (and plain Jupyter) show MyST markup raw: a ``{admonition}`` dropdown shows its hint or answer in
 full next to the question, and ``{term}``, ``{ref}``, ``{glue:}`` roles and ``(label)=`` targets show as
 text. The book keeps MyST (the Chinese edition translates its markdown as it is); Colab opens these
 copies, generated from it, as d2l and QuantEcon publish theirs. ``colab/book/05_radix.ipynb`` is the
 copy of ``book/05_radix.ipynb``; every Colab badge and the book's launch buttons point at the copies.
+
+The Chinese edition's badges and launch buttons open ``colab/zh/<page>.ipynb``: the same notebook with
+its markdown translated from the book's catalogs (``locale/zh_CN/LC_MESSAGES/<page>.po``, the zh
+edition's own translations) and its code comments from ``locale/zh_CN/code_comments.po``
+(``scripts/colab_zh.py`` does both; ``--extract-comments`` updates the comment catalog after a code
+change). A block or comment with no translation is named, makes the script exit 1 (the copy keeps
+its English) and fails ``--check``: run ``scripts/i18n.py extract`` and translate, or
+``--extract-comments`` and translate the comment, then regenerate. Where ``minikv.viz`` offers
+``set_language``, a zh copy's second cell turns the drawings' Chinese on.
 
 What changes, in markdown cells only (code cells are the same, the copies carry no outputs):
 
@@ -41,6 +51,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
+import colab_zh  # noqa: E402
 import set_repository  # noqa: E402
 
 COLAB_DIR = set_repository.colab_copy("").rstrip("/")
@@ -56,6 +67,14 @@ LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 ADMONITIONS = {
     "note", "tip", "hint", "important", "warning", "caution", "attention", "danger", "error", "seealso",
 }  # fmt: skip
+# The titles Sphinx's zh_CN translation gives the admonitions that have none of their own.
+ZH_ADMONITION_TITLES = {
+    "note": "备注", "tip": "小技巧", "hint": "提示", "important": "重要", "warning": "警告", "caution": "小心",
+    "attention": "注意", "danger": "危险", "error": "错误", "seealso": "参见",
+}  # fmt: skip
+LANGUAGES = ("en", colab_zh.LANGUAGE)
+ZH_SETUP_ID = "zh-setup"
+ZH_SETUP = 'import minikv.viz\n\nminikv.viz.set_language("zh")  # 图示、播放器和图表中的文字用中文'
 
 
 class MarkupError(Exception):
@@ -77,10 +96,24 @@ def glossary_terms(root: Path = REPO) -> dict[str, str]:
 
 
 class Converter:
-    """Turns the MyST of one book into markdown Colab renders; one instance serves every notebook."""
+    """Turns the MyST of one book into markdown Colab renders; one instance serves every notebook.
 
-    def __init__(self, root: Path = REPO) -> None:
+    With ``lang="zh"`` it writes the Chinese copies: markdown translated first (``colab_zh``), links
+    to the zh edition's pages and to the zh copies; ``self.untranslated`` then lists, per notebook,
+    the blocks and comments no catalog translates (the copy keeps their English).
+    """
+
+    def __init__(self, root: Path = REPO, lang: str = "en") -> None:
+        if lang not in LANGUAGES:
+            raise ValueError(f"lang must be one of {LANGUAGES}, not {lang!r}")
         self.root = root
+        self.lang = lang
+        self.untranslated: dict[str, list[str]] = {}
+        self.blocks_translated = 0
+        self.comments: dict[str, str] = {}
+        if lang == colab_zh.LANGUAGE:
+            path = root / colab_zh.COMMENTS.relative_to(REPO)
+            self.comments = colab_zh.load_catalog(path) if path.is_file() else {}
         self.url = set_repository.read_repository(root)
         self.site = set_repository.pages_url(self.url)
         self.pages = [path for _title, path in set_repository.notebook_pages(root)]
@@ -105,7 +138,8 @@ class Converter:
     def published(self, path: str, anchor: str = "") -> str:
         """The published page of a book file: ``book/glossary.md`` -> ``https://.../book/glossary.html``."""
         page = posixpath.splitext(path)[0] + ".html"
-        return self.site + page + (f"#{anchor}" if anchor else "")
+        edition = "zh/" if self.lang == colab_zh.LANGUAGE else ""  # scripts/i18n.py publishes it there
+        return self.site + edition + page + (f"#{anchor}" if anchor else "")
 
     # -- one notebook -----------------------------------------------------------------------
 
@@ -113,32 +147,52 @@ class Converter:
         """The Colab copy of the notebook at ``path`` (relative to the repository), as JSON data."""
         source = _read(self.root / path)
         glue = glue_values(source)
+        zh = self.lang == colab_zh.LANGUAGE
+        catalog = colab_zh.page_catalog(path, self.root) if zh else {}
+        tally = colab_zh.Tally()
+        missing_comments: list[str] = []
         cells = []
-        first_markdown = True
+        first_markdown, first_code = True, True
         for number, cell in enumerate(source["cells"]):
             where = f"{path}, cell {number}"
             if cell["cell_type"] == "markdown":
-                text = self.markdown(_source(cell), path, glue, where)
+                text = _source(cell)
+                if zh:
+                    text = colab_zh.translate_markdown(text, catalog.get, tally)
+                text = self.markdown(text, path, glue, where)
                 if first_markdown:
-                    text += (
-                        f"\n\n*The Colab edition of [this page of the book]({self.published(path)}); "
-                        "hints and answers stay folded until you click them.*"
-                    )
+                    text += "\n\n" + self.edition_note(path)
                     first_markdown = False
                 new = {"cell_type": "markdown", "metadata": _kept_metadata(cell), "source": _lines(text)}
             elif cell["cell_type"] == "code":
+                code = _source(cell)
+                if zh:
+                    code = colab_zh.translate_code(code, self.comments.get, missing_comments)
                 new = {
                     "cell_type": "code",
                     "execution_count": None,
                     "metadata": _kept_metadata(cell),
                     "outputs": [],
-                    "source": _lines(_source(cell)),
+                    "source": _lines(code),
                 }
             else:
                 new = {"cell_type": cell["cell_type"], "metadata": {}, "source": _lines(_source(cell))}
             if "id" in cell:
                 new["id"] = cell["id"]
             cells.append(new)
+            if zh and cell["cell_type"] == "code" and first_code:
+                first_code = False
+                if viz_speaks_chinese(self.root):  # after the install cell: the drawings in Chinese
+                    cells.append(
+                        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                         "source": _lines(ZH_SETUP), "id": ZH_SETUP_ID}
+                    )  # fmt: skip
+        if zh:
+            self.blocks_translated += tally.translated
+            lost = [f"block: {m[:100]!r}" for m in tally.missing or []]
+            lost += [f"comment: {m[:100]!r}" for m in missing_comments]
+            if lost:
+                self.untranslated[path] = lost
         metadata: dict = {
             "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},
@@ -147,6 +201,15 @@ class Converter:
         if "accelerator" in source["metadata"]:
             metadata["accelerator"] = source["metadata"]["accelerator"]
         return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": source.get("nbformat_minor", 5)}
+
+    def edition_note(self, path: str) -> str:
+        """The line under the title: which page of the book this is the copy of."""
+        if self.lang == colab_zh.LANGUAGE:
+            return f"*本书[这一页]({self.published(path)})的 Colab 版本；提示和答案在你点开之前保持折叠。*"
+        return (
+            f"*The Colab edition of [this page of the book]({self.published(path)}); "
+            "hints and answers stay folded until you click them.*"
+        )
 
     def markdown(self, text: str, path: str, glue: dict[str, str], where: str) -> str:
         return self.inline("\n".join(self.blocks(text.split("\n"), where)), path, glue, where)
@@ -197,7 +260,8 @@ class Converter:
     def directive(self, name: str, arg: str, options: dict[str, str], body: list[str], where: str) -> list[str]:
         if name != "admonition" and name not in ADMONITIONS:
             raise MarkupError(f"{where}: no Colab form for the {{{name}}} directive")
-        title = arg if name == "admonition" else (arg or name.capitalize())
+        default = ZH_ADMONITION_TITLES[name] if self.lang == colab_zh.LANGUAGE and name in ADMONITIONS else ""
+        title = arg if name == "admonition" else (arg or default or name.capitalize())
         if name == "admonition" and not title:
             raise MarkupError(f"{where}: an {{admonition}} without a title")
         unknown = set(options) - {"class", "name"}
@@ -215,11 +279,11 @@ class Converter:
         """Roles to links or values, relative links to the copies and the published pages."""
         parts = re.split(r"(^(?:`{3,}|~{3,})[^\n]*\n.*?^(?:`{3,}|~{3,})[ \t]*$)", text, flags=re.M | re.S)
         for k in range(0, len(parts), 2):  # the odd parts are code blocks
-            parts[k] = ROLE.sub(lambda m: self.role(m["role"], m["body"], glue, where), parts[k])
+            parts[k] = ROLE.sub(lambda m: self.role(m["role"], m["body"], glue, where, path), parts[k])
             parts[k] = LINK.sub(lambda m: f"]({self.link(m['target'], path, where)})", parts[k])
         return "".join(parts)
 
-    def role(self, role: str, body: str, glue: dict[str, str], where: str) -> str:
+    def role(self, role: str, body: str, glue: dict[str, str], where: str, path: str = "") -> str:
         titled = TITLED.match(body)
         text, target = (titled["text"], titled["target"]) if titled else (body, body)
         if role == "term":
@@ -234,6 +298,10 @@ class Converter:
                 raise MarkupError(f"{where}: {{ref}}`{body}` names no (label)= of the notebooks")
             return f"[{text}]({self.published(self.labels[target], target)})"
         if role in ("glue", "glue:", "glue:text", "glue:any"):
+            if "::" in body:  # a translation's form, {glue:}`05_radix.ipynb::key` (see scripts/i18n.py)
+                notebook, _, body = body.partition("::")
+                if notebook != posixpath.basename(path):
+                    raise MarkupError(f"{where}: {{glue}}`{notebook}::...` names another notebook")
             name, _, spec = body.partition(":")
             if name not in glue:
                 raise MarkupError(f"{where}: no stored output holds the glued value {name!r}")
@@ -244,9 +312,10 @@ class Converter:
         raise MarkupError(f"{where}: no Colab form for the {{{role}}} role")
 
     def link(self, target: str, path: str, where: str) -> str:
-        for page in self.pages:  # a badge that opens a source notebook on Colab opens its copy
-            if target == set_repository.colab_url(self.url, page):
-                return set_repository.colab_url(self.url, colab_path(page))
+        for page in self.pages:  # a badge that opens a source notebook or its copy opens this language's copy
+            opens = (set_repository.colab_url(self.url, page), set_repository.colab_url(self.url, colab_path(page)))
+            if target in opens:
+                return set_repository.colab_url(self.url, colab_path(page, self.lang))
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             return target
         file, _, anchor = target.partition("#")
@@ -254,7 +323,8 @@ class Converter:
         if resolved.endswith(".ipynb"):
             if resolved not in self.pages:
                 raise MarkupError(f"{where}: the link {target} leads to no notebook of the book")
-            return set_repository.colab_url(self.url, colab_path(resolved)) + (f"#{anchor}" if anchor else "")
+            copy = set_repository.colab_url(self.url, colab_path(resolved, self.lang))
+            return copy + (f"#{anchor}" if anchor else "")
         if resolved.endswith(".md") and (self.root / resolved).is_file():
             return self.published(resolved, anchor)
         if (self.root / resolved).exists():
@@ -299,26 +369,49 @@ def _kept_metadata(cell: dict) -> dict:
     return {"tags": list(tags)} if tags else {}
 
 
-def colab_path(path: str) -> str:
-    """``book/05_radix.ipynb`` -> ``colab/book/05_radix.ipynb`` (set_repository.py links there too)."""
-    return set_repository.colab_copy(path)
+def colab_path(path: str, lang: str = "en") -> str:
+    """``book/05_radix.ipynb`` -> ``colab/book/05_radix.ipynb``, or ``colab/zh/book/05_radix.ipynb`` in Chinese."""
+    return set_repository.colab_copy(path, lang)
+
+
+def viz_speaks_chinese(root: Path = REPO) -> bool:
+    """Whether ``minikv.viz`` offers ``set_language`` (read from its source: no torch import here)."""
+    import ast
+
+    init = root / "minikv" / "viz" / "__init__.py"
+    if not init.is_file():
+        return False
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "set_language":
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "set_language" for a in node.names):
+            return True
+    return False
 
 
 def dumps(notebook: dict) -> str:
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
-def copies(root: Path = REPO) -> Iterator[tuple[str, str]]:
-    """``(copy's path, its text)`` for every notebook of the book."""
-    converter = Converter(root)
-    for path in converter.pages:
-        yield colab_path(path), dumps(converter.notebook(path))
+def copies(root: Path = REPO, untranslated: dict[str, list[str]] | None = None) -> Iterator[tuple[str, str]]:
+    """``(copy's path, its text)`` for every notebook of the book, in English then in Chinese.
+
+    ``untranslated`` (when given) receives, per Chinese copy, what no catalog translates.
+    """
+    for lang in LANGUAGES:
+        converter = Converter(root, lang)
+        for path in converter.pages:
+            yield colab_path(path, lang), dumps(converter.notebook(path))
+        if untranslated is not None:
+            untranslated.update({colab_path(page, lang): lost for page, lost in converter.untranslated.items()})
 
 
 def problems(root: Path = REPO) -> list[str]:
-    """What ``--check`` reports: missing or stale copies, and copies of notebooks that left the book."""
+    """What ``--check`` reports: missing or stale copies, untranslated blocks, copies of no notebook."""
     found = []
-    made = dict(copies(root))
+    untranslated: dict[str, list[str]] = {}
+    made = dict(copies(root, untranslated))
     for path, text in made.items():
         stored = root / path
         if not stored.is_file():
@@ -329,24 +422,48 @@ def problems(root: Path = REPO) -> list[str]:
         relative = stored.relative_to(root).as_posix()
         if relative not in made and ".ipynb_checkpoints" not in relative:
             found.append(f"{relative} is the copy of no notebook of the book")
+    found += untranslated_report(untranslated)
+    pages = {path: _read(root / path) for _title, path in set_repository.notebook_pages(root)}
+    found += colab_zh.comment_catalog_problems(pages, root / colab_zh.COMMENTS.relative_to(REPO))
     return found
+
+
+def untranslated_report(untranslated: dict[str, list[str]]) -> list[str]:
+    return [
+        f"{path}: {len(lost)} untranslated (a catalog message missing or fuzzy):\n    " + "\n    ".join(lost)
+        for path, lost in untranslated.items()
+    ]
+
+
+def extract_comments(root: Path = REPO) -> int:
+    """Write ``locale/zh_CN/code_comments.po`` from every notebook's comments, keeping the translations."""
+    pages = {path: _read(root / path) for _title, path in set_repository.notebook_pages(root)}
+    messages, translated = colab_zh.write_comment_catalog(pages, root / colab_zh.COMMENTS.relative_to(REPO))
+    print(f"{colab_zh.COMMENTS.relative_to(REPO)}: {messages} comments, {translated} translated")
+    return 0 if messages == translated else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report copies that are missing or stale")
+    parser.add_argument(
+        "--extract-comments", action="store_true", help="update locale/zh_CN/code_comments.po from the notebooks"
+    )
     args = parser.parse_args(argv)
+    if args.extract_comments:
+        return extract_comments()
+    untranslated: dict[str, list[str]] = {}
     try:
         if args.check:
             found = problems()
             for problem in found:
                 print(problem)
             if found:
-                print("regenerate with: .venv/bin/python scripts/colab_copy.py")
+                print("regenerate with: .venv/bin/python scripts/colab_copy.py (translate first what is untranslated)")
                 return 1
-            print(f"{len(dict(copies()))} Colab copies match their notebooks")
+            print(f"{len(dict(copies()))} Colab copies match their notebooks and translate every block")
             return 0
-        made = dict(copies())
+        made = dict(copies(REPO, untranslated))
     except MarkupError as error:
         print(f"colab_copy: {error}", file=sys.stderr)
         return 1
@@ -357,8 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     for stored in sorted((REPO / COLAB_DIR).rglob("*.ipynb")):
         if stored.relative_to(REPO).as_posix() not in made:
             stored.unlink()
-    print(f"wrote {len(made)} Colab copies under {COLAB_DIR}/")
-    return 0
+    print(f"wrote {len(made)} Colab copies under {COLAB_DIR}/ ({COLAB_DIR}/zh/: the Chinese ones)")
+    for line in untranslated_report(untranslated):
+        print(line, file=sys.stderr)
+    return 1 if untranslated else 0
 
 
 if __name__ == "__main__":

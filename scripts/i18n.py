@@ -68,6 +68,8 @@ ZH_SEARCH_TEXT = "搜索本书……"
 # "source" or "outputs", so the Chinese names what is hidden without it.
 ZH_CODE_PROMPT_SHOW = "显示单元格内容"
 ZH_CODE_PROMPT_HIDE = "隐藏单元格内容"
+# Where the zh edition's launch buttons point: the Chinese Colab copies (the English: colab/).
+ZH_COLAB_FOLDER = "colab/zh"
 
 # -- building with jupyter-book's configuration ------------------------------------------------
 
@@ -113,7 +115,8 @@ def zh_overrides() -> dict[str, object]:
         "locale_dirs": [str(LOCALE)],
         "gettext_compact": False,
         "html_title": ZH_TITLE,
-        "html_theme_options": {"search_bar_text": ZH_SEARCH_TEXT},
+        # The launch buttons open the Chinese Colab copies (scripts/colab_copy.py writes colab/zh/).
+        "html_theme_options": {"search_bar_text": ZH_SEARCH_TEXT, "path_to_docs": ZH_COLAB_FOLDER},
         "nb_code_prompt_show": ZH_CODE_PROMPT_SHOW,
         "nb_code_prompt_hide": ZH_CODE_PROMPT_HIDE,
     }

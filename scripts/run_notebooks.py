@@ -55,12 +55,12 @@ def run(path: Path) -> None:
     for machine_path in {str(REPO), str(Path.home())}:
         if machine_path in text:
             raise SystemExit(f"{path}: stored outputs mention the machine path {machine_path!r}; hide or remove them")
-    path.write_text(text)
+    path.write_text(text + "\n")  # as nbformat.write ends a file
     print(f"executed {path.relative_to(REPO)}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         raise SystemExit(__doc__)
     for arg in sys.argv[1:]:
         run(Path(arg).resolve())

@@ -78,9 +78,12 @@ def colab_url(url: str, path: str) -> str:
     return f"https://colab.research.google.com/github/{owner}/{name}/blob/{BRANCH}/{path}"
 
 
-def colab_copy(path: str) -> str:
-    """What Colab opens for a notebook of the book: its copy that ``scripts/colab_copy.py`` writes."""
-    return f"colab/{path}"
+def colab_copy(path: str, lang: str = "en") -> str:
+    """What Colab opens for a notebook of the book: its copy that ``scripts/colab_copy.py`` writes.
+
+    The Chinese edition's copy (``lang="zh"``) is ``colab/zh/<path>``.
+    """
+    return f"colab/{path}" if lang == "en" else f"colab/{lang}/{path}"
 
 
 def tracked_files(root: Path = REPO) -> list[Path]:
@@ -120,9 +123,10 @@ def notebook_pages(root: Path = REPO) -> list[tuple[str, str]]:
 
 def readme_block(url: str, root: Path = REPO) -> str:
     badge = "https://colab.research.google.com/assets/colab-badge.svg"
-    lines = [README_START, "", "| page | open it |", "|---|---|"]
+    lines = [README_START, "", "| page | open it | 中文版 |", "|---|---|---|"]
     for title, path in notebook_pages(root):
-        lines.append(f"| {title.replace('|', '/')} | [![Open In Colab]({badge})]({colab_url(url, colab_copy(path))}) |")
+        english, chinese = colab_url(url, colab_copy(path)), colab_url(url, colab_copy(path, "zh"))
+        lines.append(f"| {title.replace('|', '/')} | [![Open In Colab]({badge})]({english}) | [中文]({chinese}) |")
     lines += ["", README_END]
     return "\n".join(lines)
 

@@ -112,11 +112,15 @@ def test_page_loads_with_title_images_and_no_leaks(page, site: str, name: str) -
 
 @pytest.mark.parametrize("name", notebook_pages())
 def test_colab_link_points_at_the_notebook_on_main(page, site: str, name: str) -> None:
-    """The launch button and badges open the Colab copy (colab/, scripts/colab_copy.py) on main."""
+    """The launch button and badges open the Colab copy (colab/, scripts/colab_copy.py) on main.
+
+    The Chinese edition's open the Chinese copy (colab/zh/).
+    """
     page.goto(f"{site}/{name}.html", wait_until="load")
     hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']", "links => links.map(a => a.href)")
     assert hrefs, f"{name}: no Colab launch link"
-    assert all(href.endswith(f"/blob/main/colab/{name}.ipynb") for href in hrefs), hrefs
+    folder = f"colab/{ZH}" if site.rstrip("/").endswith(f"/{ZH}") else "colab"
+    assert all(href.endswith(f"/blob/main/{folder}/{name}.ipynb") for href in hrefs), hrefs
 
 
 @pytest.mark.parametrize("name", toc_pages())
@@ -273,3 +277,34 @@ def test_language_switch_sits_in_the_header_and_keeps_the_reader_s_place(page, s
         assert 0 <= top < 200, (
             f"{width}px: the other edition opened with section {section!r} at {top}px, not at the top"
         )
+
+
+@pytest.mark.parametrize("width", [800, 1280])
+def test_a_table_wider_than_the_column_says_that_it_scrolls(page, site: str, width: int) -> None:
+    """The guarantees table overflows the column; a reader must see that more columns are to the right."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"{site}/book/guarantees.html", wait_until="load")
+    boxes = page.evaluate(
+        """() => [...document.querySelectorAll('.pst-scrollable-table-container')].map(box => ({
+            wide: box.scrollWidth > box.clientWidth + 1,
+            marked: box.classList.contains('minikv-wide-table'),
+            hint: getComputedStyle(box, '::before').content,
+        }))"""
+    )
+    assert any(box["wide"] for box in boxes), f"{width}px: no table overflows, the test shows nothing"
+    for box in boxes:
+        assert box["marked"] == box["wide"], box
+        if box["wide"]:
+            assert "→" in box["hint"], box
+
+
+@pytest.mark.parametrize("width", [1024, 1280, 1440, 1920])
+def test_the_article_header_stays_one_row(page, site: str, width: int) -> None:
+    """The header's buttons and the edition link fit one row: the header is no taller than at 1920 px."""
+    heights = []
+    for each in (1920, width):
+        page.set_viewport_size({"width": each, "height": 900})
+        page.goto(f"{site}/book/05_radix.html", wait_until="load")
+        header = "() => document.querySelector('.bd-header-article').getBoundingClientRect().height"
+        heights.append(page.evaluate(header))
+    assert heights[1] <= heights[0] + 1 and heights[0] < 80, f"{width}px: header {heights[1]}px, {heights[0]}px at 1920"

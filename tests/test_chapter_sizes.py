@@ -28,15 +28,17 @@ _spec.loader.exec_module(chapter_stats)
 
 # notebook -> (most cells, most markdown words)
 LIMITS: dict[str, tuple[int, int]] = {
-    "book/00_introduction.ipynb": (9, 1009),
+    "book/00_introduction.ipynb": (9, 1035),  # 1,009 before its lines on chapters 8 and 9
     "book/01_why_manage.ipynb": (41, 1667),
     "book/02_two_layers.ipynb": (60, 3000),
     "book/03_storage.ipynb": (50, 2800),  # 63 / 3,983 before the split of Course 3.0, 83 / 5,341 before 2.0
     "book/03_store_kernel.ipynb": (15, 1000),  # the second page of chapter 3
-    "book/04_naive.ipynb": (38, 1575),
+    "book/04_naive.ipynb": (38, 1625),  # challenge 15 measured (Course 3.0)
     "book/05_radix.ipynb": (60, 3000),
     "book/06_forward_pass.ipynb": (31, 2239),
     "book/07_real_model.ipynb": (24, 1500),
+    "book/08_scheduler.ipynb": (60, 3000),
+    "book/09_bridge.ipynb": (20, 1300),
     "book/under_the_hood.ipynb": (30, 1500),  # chapter 3b's validation and device syncs included
     "book/questions.ipynb": (20, 1500),
 }

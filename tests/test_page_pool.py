@@ -112,6 +112,15 @@ def test_out_of_slots_changes_neither_pool_nor_manager() -> None:
     assert pool_snapshot(pool) == pool_before
 
 
+def test_the_out_of_slots_message_counts_everything_in_slots() -> None:
+    pool, manager = PagePool(num_pages=4, page_size=4), RadixCacheManager(page_size=4)
+    manager.insert_prefix(list(range(4)), pool.allocate(4))  # one page cached, evictable
+    pool.allocate(4)  # another page held by a request
+    assert pool.allocate(10, evict_from=manager).numel() == 10  # 8 free slots + 4 evicted: exactly enough
+    with pytest.raises(OutOfSlotsError, match="1 tokens need 4 slots in pages of 4; 0 slots are free and 0 are"):
+        pool.allocate(1, evict_from=manager)
+
+
 def test_a_naive_manager_has_nothing_to_evict() -> None:
     pool = PagePool(num_pages=2)
     pool.allocate(2)

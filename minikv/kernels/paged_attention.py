@@ -52,8 +52,10 @@ def paged_decode_kernel(
     kv_head = h // group
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    q = tl.load(q_ptr + b * q_stride_b + h * q_stride_h + d, mask=d_ok, other=0.0).to(tl.float32)
+    q_row = q_ptr + b * q_stride_b + h * q_stride_h
+    q = tl.load(q_row + d, mask=d_ok, other=0.0).to(tl.float32)
     seq_len = tl.load(lens_ptr + b)
+    table_row = table_ptr + b * table_stride_b
 
     m = tl.full([1], float("-inf"), tl.float32)  # the largest score so far
     total = tl.full([1], 0.0, tl.float32)  # the sum of exp(score - m) so far
@@ -61,25 +63,28 @@ def paged_decode_kernel(
     for start in range(0, seq_len, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < seq_len
-        slot = tl.load(table_ptr + b * table_stride_b + n, mask=n_ok, other=0).to(tl.int64)
+        slot = tl.load(table_row + n, mask=n_ok, other=0).to(tl.int64)
         page = slot // page_size
         row = slot % page_size
         rows_ok = n_ok[:, None] & d_ok[None, :]
         k_rows = page * k_stride_p + row * k_stride_s + kv_head * k_stride_h
-        k = tl.load(k_cache_ptr + k_rows[:, None] + d[None, :], mask=rows_ok, other=0.0).to(tl.float32)
+        k_at = k_cache_ptr + k_rows[:, None] + d[None, :]
+        k = tl.load(k_at, mask=rows_ok, other=0.0).to(tl.float32)
         scores = tl.where(n_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(scores, axis=0))
-        rescale = tl.exp(m - m_new)  # what the old sums are worth against the new maximum
+        rescale = tl.exp(m - m_new)  # what the old sums are worth at the new maximum
         p = tl.exp(scores - m_new)
         v_rows = page * v_stride_p + row * v_stride_s + kv_head * v_stride_h
-        v = tl.load(v_cache_ptr + v_rows[:, None] + d[None, :], mask=rows_ok, other=0.0).to(tl.float32)
+        v_at = v_cache_ptr + v_rows[:, None] + d[None, :]
+        v = tl.load(v_at, mask=rows_ok, other=0.0).to(tl.float32)
         total = total * rescale + tl.sum(p, axis=0)
         acc = acc * rescale + tl.sum(p[:, None] * v, axis=0)
         m = m_new
 
     out = acc / total
-    tl.store(out_ptr + b * out_stride_b + h * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    out_row = out_ptr + b * out_stride_b + h * out_stride_h
+    tl.store(out_row + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def plan_block_n(device: torch.device) -> int:

@@ -22,8 +22,9 @@ Show who owns each slot of the pool (free, cached, locked, a running request)::
 
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
-:mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate) and
-:mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
+:mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate),
+:mod:`~minikv.viz.scheduler` (requests over steps, measures side by side, the slot
+table a kernel walks) and :mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
 draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.course.vocab`.
 """
 
@@ -34,6 +35,7 @@ from .engine import EngineDrawing, draw_engine
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
+from .scheduler import draw_slot_table, plot_measures, plot_request_states
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
@@ -53,6 +55,7 @@ __all__ = [
     "diff_snapshots",
     "draw_engine",
     "draw_pool",
+    "draw_slot_table",
     "draw_snapshot",
     "draw_tree",
     "node_id",
@@ -60,6 +63,8 @@ __all__ = [
     "plot_hit_rate",
     "plot_hit_rate_sweep",
     "plot_lifecycle",
+    "plot_measures",
+    "plot_request_states",
     "plot_sizes",
     "render_svg",
     *storage.__all__,
