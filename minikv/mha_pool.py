@@ -103,17 +103,20 @@ class MHAKVCache(BaseKVCache):
     def v_cache(self, index: int) -> torch.Tensor:
         return self._v_buffer[self._layer(index, "index")]
 
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None:  # fmt: skip
         """Write ``k[i]``, ``v[i]`` to slot ``out_loc[i]`` of layer ``layer_id``.
 
-        On CPU every slot is checked first (a bad call raises and writes nothing); on CUDA
-        the kernel checks the range and :meth:`check_stores` reports what it refused.
+        On CPU every slot is checked first (a bad call raises and writes nothing); on
+        CUDA the kernel checks the range and :meth:`check_stores` reports what it refused.
         """
         k_cache, v_cache = self._layer_views[self._layer(layer_id, "layer_id")]
         on_gpu = self._bad_slots.is_cuda
         store_cache(
             k_cache, v_cache, out_loc, k, v,
-            slot_check="kernel" if on_gpu else "host", error_flag=self._bad_slots if on_gpu else None,
+            slot_check="kernel" if on_gpu else "host",
+            error_flag=self._bad_slots if on_gpu else None,
             index_name="out_loc",
         )  # fmt: skip
 

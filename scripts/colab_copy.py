@@ -33,7 +33,7 @@ What changes, in markdown cells only (code cells are the same, the copies carry 
 
 Markup it does not know stops the script with the file and cell, so nothing raw reaches a reader
 (``tests/test_colab_copy.py`` also scans every copy for MyST). The notebook metadata ``accelerator``
-and ``colab`` (a GPU runtime for chapter 3 and exercise 3) are carried over: Colab reads them.
+and ``colab`` (a GPU runtime for chapter 3b and exercise 3) are carried over: Colab reads them.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Converter:
         self.labels = self._labels()
 
     def _labels(self) -> dict[str, str]:
-        """``{label: page path}`` for every ``(label)=`` target of the notebooks."""
+        """``{label: page path}`` for every ``(label)=`` target of the notebooks and of ``book/*.md``."""
         found: dict[str, str] = {}
         for path in self.pages:
             for cell in _read(self.root / path)["cells"]:
@@ -129,6 +129,10 @@ class Converter:
                     for line in _source(cell).splitlines():
                         if match := LABEL.match(line):
                             found[match["label"]] = path
+        for page in sorted((self.root / "book").glob("*.md")):
+            for line in page.read_text(encoding="utf-8").splitlines():
+                if match := LABEL.match(line):
+                    found[match["label"]] = page.relative_to(self.root).as_posix()
         return found
 
     def published(self, path: str, anchor: str = "") -> str:

@@ -29,8 +29,8 @@ every command's output to ``OUT_DIR/gpu_check.log``):
    same hits, request by request, as on CPU, with K/V stored through ``store_kv``.
 7. ``graph_capture``: ``store_kv`` under ``torch.cuda.set_sync_debug_mode("error")`` (no
    host-device sync) and captured in a CUDA graph, replayed with new K/V and new slots.
-8. ``notebooks``: nbval (lax: every cell must run, every assert hold) on chapter 3 and exercise 3
-   (the Triton kernel compiled), chapter 6 and solved exercise 5 (the engine's token-for-token
+8. ``notebooks``: nbval (lax: every cell must run, every assert hold) on chapters 3 and 3b, the
+   appendix and exercise 3 (the Triton kernel compiled), chapter 6 and solved exercise 5 (the engine's token-for-token
    equality with a recompute, their models on the CPU as the notebooks say, the interpreter off).
 
 Exit status 0 when every step passed, 1 when any failed. ``--dry-run`` runs the same logic
@@ -63,6 +63,8 @@ STEPS = (
 )  # fmt: skip
 NOTEBOOKS = (
     "book/03_storage.ipynb",
+    "book/03_store_kernel.ipynb",
+    "book/under_the_hood.ipynb",
     "exercises/ex3_storage.ipynb",
     "book/06_forward_pass.ipynb",
     "exercises/solved/ex5_radix.ipynb",

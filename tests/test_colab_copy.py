@@ -37,7 +37,7 @@ RAW_MYST = {
 }
 CJK = re.compile(r"[\u3400-\u9fff]")
 LANGUAGES = colab_copy.LANGUAGES
-GPU_PAGES = {"book/03_storage.ipynb", "exercises/ex3_storage.ipynb", "exercises/solved/ex3_storage.ipynb"}
+GPU_PAGES = {"book/03_store_kernel.ipynb", "exercises/ex3_storage.ipynb", "exercises/solved/ex3_storage.ipynb"}
 
 
 def raw_myst(markdown: str) -> list[str]:
@@ -144,6 +144,13 @@ def test_roles_become_links_and_glued_values() -> None:
     site = set_repository.pages_url(set_repository.read_repository(REPO))
     assert f"[slot index]({site}book/glossary.html#term-slot)" in chapter2
     assert f"({site}book/02_two_layers.html#seven-steps)" in chapter2  # {ref}`section 2.4 <seven-steps>`
+
+
+def test_a_reference_to_a_markdown_page_links_to_its_published_anchor() -> None:
+    """Chapter 3b's {ref} to the GPU note of "Run it on Colab" (book/colab.md) leads to that section."""
+    text = "".join(markdown_cells(read("colab/book/03_store_kernel.ipynb")))
+    site = set_repository.pages_url(set_repository.read_repository(REPO))
+    assert f"[Run it on Colab]({site}book/colab.html#gpu-status)" in text
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ def test_the_wheel_script_prints_an_offline_ready_download(tmp_path: Path) -> No
 
 
 def test_the_notebooks_step_runs_the_kernel_and_the_float_equalities() -> None:
-    """Chapter 3 and exercise 3 (the kernel on CUDA); chapter 6 and solved exercise 5 (engine == recompute)."""
+    """Chapters 3 and 3b, the appendix, exercise 3 (the kernel on CUDA); chapter 6, solved exercise 5 (== recompute)."""
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -97,6 +97,8 @@ def test_the_notebooks_step_runs_the_kernel_and_the_float_equalities() -> None:
 
     assert set(gpu_check.NOTEBOOKS) == {
         "book/03_storage.ipynb",
+        "book/03_store_kernel.ipynb",
+        "book/under_the_hood.ipynb",
         "exercises/ex3_storage.ipynb",
         "book/06_forward_pass.ipynb",
         "exercises/solved/ex5_radix.ipynb",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import struct
+
 import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from minikv import KVCacheLayout, MHAKVCache
 from minikv.errors import ArgumentError, ArgumentTypeError
@@ -160,6 +164,47 @@ def test_draw_layouts_reports_the_runs_it_computed() -> None:
     assert any("strides (48, 4, 12, 4, 2, 1)" in t for t in texts)
     cells = [p for p in figure.axes[0].patches if p.get_height() == 0.9]
     assert len(cells) == 2 * HALF
+
+
+def _luminance(colour: object) -> float:
+    """WCAG relative luminance of a matplotlib colour."""
+    from matplotlib.colors import to_rgb
+
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]  # type: ignore[arg-type]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+@pytest.mark.parametrize("figure_of", ["layouts", "slots"])
+def test_storage_figures_are_legible_in_the_book_column(figure_of: str) -> None:
+    """Shown unshrunk in the 690-px column (100 dpi), every label at least 9 pt (issue 28, item 7)."""
+    if figure_of == "layouts":  # as chapter 3 draws them
+        figure = vs.draw_layouts([tiny(KVCacheLayout.LayerFirst), tiny(KVCacheLayout.PageFirst)], layer=1, page=2)
+    else:
+        figure = vs.draw_slots(tiny(KVCacheLayout.PageFirst, page_size=4), highlight=range(6))
+    shown = io.BytesIO()
+    figure.savefig(shown, format="png", dpi=100, bbox_inches="tight")  # as the notebooks show it
+    width = struct.unpack(">I", shown.getvalue()[16:20])[0]  # the PNG header's width
+    assert width <= 690, f"{width} px: the book's column would shrink it"
+    figure.canvas.draw()  # lays out the ticks, so their labels exist
+    shown = [t for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
+    assert sum(t.get_text()[-1].isdigit() for t in shown) > 20  # the numbers were found
+    sizes = {t.get_text(): t.get_fontsize() for t in shown}
+    small = {text: size for text, size in sizes.items() if size < 9}
+    assert not small, small
+
+
+def test_page_numbers_are_dark_on_light_cells() -> None:
+    """The number is the data: each page digit contrasts with its cell at least 4.5:1 (WCAG AA)."""
+    figure = vs.draw_layouts([tiny(KVCacheLayout.LayerFirst), tiny(KVCacheLayout.PageFirst)], layer=1, page=2)
+    for ax in figure.axes:
+        cells = {(round(p.get_x()), round(p.get_y())): p for p in ax.patches if p.get_height() == 0.9}
+        digits = [t for t in ax.texts if t.get_text().isdigit()]
+        assert len(digits) == len(cells) == 2 * HALF
+        for digit in digits:
+            x, y = digit.get_position()
+            fill = cells[(round(x - 0.5), round(y - 0.45))].get_facecolor()
+            light, dark = _luminance(fill), _luminance(digit.get_color())
+            assert (light + 0.05) / (dark + 0.05) >= 4.5, (digit.get_text(), fill)
 
 
 def test_draw_layouts_validates() -> None:

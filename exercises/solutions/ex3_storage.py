@@ -3,11 +3,12 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minikv-course/minikv/blob/main/exercises/ex3_storage.ipynb)
 #
-# Chapter 3 opened `MHAKVCache`: one buffer holds K and V of every layer, each
-# tensor-parallel rank keeps a slice of the KV heads, two memory layouts are exposed
-# through one layer-first view, and a Triton kernel writes each new token's K and V
-# rows into the slots the manager chose. Here you build those pieces. The last task is
-# the kernel itself.
+# [Chapter 3](../book/03_storage.ipynb) opened `MHAKVCache`: one buffer holds K and V
+# of every layer, each tensor-parallel rank keeps a slice of the KV heads, two memory
+# layouts are exposed through one layer-first view, and a Triton kernel
+# ([chapter 3b](../book/03_store_kernel.ipynb)) writes each new token's K and V rows
+# into the slots the manager chose. Here you build those pieces. The last task is the
+# kernel itself.
 #
 # **GPU or not.** On a Colab GPU runtime your Triton kernel compiles for the GPU and the
 # checker hands it CUDA tensors. Without a GPU the same kernel runs in Triton's
@@ -176,7 +177,8 @@ check("storage.store_torch", store_torch)
 # ## Task 3.5 · `storage.store` (hard): the store kernel in Triton
 #
 # Now the same in Triton: write the kernel and `store(k_cache, v_cache, indices, k, v)`,
-# the launcher that validates the inputs and launches it.
+# the launcher that validates the inputs and launches it. minikv's own kernel is read
+# line by line in [chapter 3b](../book/03_store_kernel.ipynb).
 #
 # Each *program instance* copies a block of `BLOCK_T` tokens. Token `t`'s K row is a
 # `(heads, head_dim)` tile: load it from `k` and store it at its slot in `k_cache`, and

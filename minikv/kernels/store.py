@@ -57,7 +57,8 @@ def store_kernel(
     k_stride_t, k_stride_h, k_stride_d,
     v_stride_t, v_stride_h, v_stride_d,
     c_stride_p, c_stride_s, c_stride_h, c_stride_d,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_SLOTS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    CHECK_SLOTS: tl.constexpr,
 ):  # fmt: skip
     # One program copies BLOCK_T tokens; each token is a (heads, head_dim) tile.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -76,8 +77,10 @@ def store_kernel(
     t3 = t.to(tl.int64)[:, None, None]
     h3 = h[None, :, None]
     d3 = d[None, None, :]
+    page3 = page[:, None, None]
+    row3 = row[:, None, None]
     mask = t_ok[:, None, None] & (h3 < num_heads) & (d3 < head_dim)
-    dst = page[:, None, None] * c_stride_p + row[:, None, None] * c_stride_s + h3 * c_stride_h + d3 * c_stride_d
+    dst = page3 * c_stride_p + row3 * c_stride_s + h3 * c_stride_h + d3 * c_stride_d
 
     k = tl.load(k_ptr + t3 * k_stride_t + h3 * k_stride_h + d3 * k_stride_d, mask=mask)
     tl.store(k_cache_ptr + dst, k, mask=mask)
@@ -199,12 +202,13 @@ def store_cache(
     ``"torch"`` (plain torch: the reference's result, fast on CPU) or ``"auto"``
     (Triton for CUDA tensors, torch for CPU tensors).
 
-    ``slot_check``: ``"host"`` (the default) checks every slot on the host before anything
-    is written: a bad call raises and writes nothing. On CUDA that needs the slots' values
-    on the host: one host-device transfer. ``"kernel"`` (Triton only) makes no transfer:
-    the kernel skips each out-of-range slot and adds the number skipped to ``error_flag``
-    (an int32 tensor on the cache's device) for the caller to read later; slots are
-    trusted to be distinct. Everything else is checked from metadata, on the host, in both.
+    ``slot_check``: ``"host"`` (the default) checks every slot on the host before
+    anything is written: a bad call raises and writes nothing. On CUDA that needs the
+    slots' values on the host: one host-device transfer. ``"kernel"`` (Triton only)
+    makes no transfer: the kernel skips each out-of-range slot and adds the number
+    skipped to ``error_flag`` (an int32 tensor on the cache's device) for the caller to
+    read later; slots are trusted to be distinct. Everything else is checked from
+    metadata, on the host, in both.
 
     ``index_name`` is the name errors give ``indices`` (``store_kv`` says ``out_loc``).
     """
@@ -215,12 +219,12 @@ def store_cache(
         check_slots(indices, k_cache4.shape[0] * k_cache4.shape[1], index_name)
     if len(indices) == 0:
         return
-    use_triton = backend == "triton" or (backend == "auto" and (k.is_cuda or slot_check == "kernel"))
+    in_kernel = slot_check == "kernel"
+    use_triton = backend == "triton" or (backend == "auto" and (k.is_cuda or in_kernel))
     if use_triton:
-        # The kernel reads slot t at loc_ptr + t: a strided view of indices would name other slots.
-        launch_store_kernel(
-            k_cache4, v_cache4, indices.contiguous(), k, v, error_flag if slot_check == "kernel" else None
-        )
+        # The kernel reads slot t at loc_ptr + t: a strided view would name other slots.
+        flag = error_flag if in_kernel else None
+        launch_store_kernel(k_cache4, v_cache4, indices.contiguous(), k, v, flag)
     else:
         copy_rows(k_cache4, v_cache4, indices, k, v)
 

@@ -52,6 +52,9 @@ __all__ = [
 _LAYER_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 _RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 _MAX_LABELLED_CELLS = 64  # beyond this many cells in a row, numbers inside cells become unreadable
+_COLUMN_INCHES = 6.7  # the book's 690-px column at the notebooks' 100 dpi, less the margin of a tight crop
+_LABEL_POINTS = 9  # the smallest text in a storage figure
+_INK = "#1a1a1a"  # text drawn over a cell: dark, on fills kept light by _shade
 
 
 # --------------------------------------------------------------------------- data
@@ -200,17 +203,17 @@ def draw_layouts(caches: Sequence[MHAKVCache], layer: int = 1, page: int = 2) ->
     _check_index(layer, min(c.num_layers for c in caches), "layer")
     _check_index(page, min(c.num_pages for c in caches), "page")
     row_length = max(c.kv_buffer.stride(0) for c in caches)
-    width = min(7.5, 1.0 + 0.14 * row_length)  # a book column; wider pictures are shrunk to unreadable
+    width = min(_COLUMN_INCHES, 1.0 + 0.14 * row_length)  # wider pictures would be shrunk in the column
     figure = Figure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
     axes = figure.subplots(len(caches), 1, squeeze=False)[:, 0]
     for ax, cache in zip(axes, caches, strict=True):
         _draw_one_layout(ax, cache, layer, page, row_length)
     num_layers = max(c.num_layers for c in caches)
-    handles = [Patch(facecolor=_layer_colour(i), label=f"layer {i}") for i in range(num_layers)]
+    handles = [Patch(facecolor=_shade(_layer_colour(i), 0, 1), label=f"layer {i}") for i in range(num_layers)]
     figure.legend(handles=handles, loc="outside lower center", ncols=min(num_layers, 8), frameon=False)
     figure.suptitle(
         "The one K/V allocation in memory order (x = element offset)\ncolour = layer, shade and number = page",
-        fontsize=9,
+        fontsize=_LABEL_POINTS,
     )
     return figure
 
@@ -239,16 +242,17 @@ def draw_slots(cache: MHAKVCache, highlight: Iterable[int] = ()) -> Figure:
             slot = int(grid[p, r])
             colour = "#f2b134" if slot in marked else "white"
             ax.add_patch(Rectangle((p, rows - 1 - r), 1, 1, facecolor=colour, edgecolor="black", linewidth=0.8))
-            ax.text(p + 0.5, rows - 0.5 - r, f"slot {slot}", ha="center", va="center", fontsize=8)
+            ax.text(p + 0.5, rows - 0.5 - r, f"slot {slot}", ha="center", va="center", fontsize=_LABEL_POINTS)
         ax.add_patch(Rectangle((p, 0), 1, rows, fill=False, edgecolor="black", linewidth=2.0))
     ax.set_xlim(0, pages)
     ax.set_ylim(0, rows)
     ax.set_xticks([p + 0.5 for p in range(pages)])
     ax.set_xticklabels(
-        [f"page {p}\nL0 @ {first[p]}\nL{cache.num_layers - 1} @ {last[p]}" for p in range(pages)], fontsize=8
+        [f"page {p}\nL0 @ {first[p]}\nL{cache.num_layers - 1} @ {last[p]}" for p in range(pages)],
+        fontsize=_LABEL_POINTS,
     )
     ax.set_yticks([rows - 0.5 - r for r in range(rows)])
-    ax.set_yticklabels([f"row {r}" for r in range(rows)], fontsize=8)
+    ax.set_yticklabels([f"row {r}" for r in range(rows)], fontsize=_LABEL_POINTS)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
@@ -320,10 +324,10 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
         colour = _shade(_layer_colour(layer_of), page_of, cache.num_pages)
         ax.add_patch(Rectangle((x, y), 1, 0.9, facecolor=colour, edgecolor="white", linewidth=0.5))
         if labelled:
-            ax.text(x + 0.5, y + 0.45, str(page_of), ha="center", va="center", fontsize=6)
+            ax.text(x + 0.5, y + 0.45, str(page_of), ha="center", va="center", fontsize=_LABEL_POINTS, color=_INK)
     for row in range(len(owners) // kv_stride):
         kv = int(owners.kv[row * kv_stride])  # which half this row of memory belongs to, as stored
-        ax.text(-0.4, 3 - row + 0.45, "KV"[kv], ha="right", va="center", fontsize=9, weight="bold")
+        ax.text(-0.4, 3 - row + 0.45, "KV"[kv], ha="right", va="center", fontsize=_LABEL_POINTS, weight="bold")
     tracks = (
         (1.0, f"k_cache({layer})", element_offsets(cache.k_cache(layer)), "black"),
         (0.25, f"page {page}, K, all layers", element_offsets(cache.kv_buffer[0][:, page]), "tab:gray"),
@@ -335,18 +339,18 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
                 Rectangle((start, track_y), length, 0.3, facecolor=track_colour, edgecolor="white", linewidth=1.0)
             )
         plural = "run" if len(runs) == 1 else "runs"
-        ax.text(0, track_y + 0.36, f"{name}: {len(runs)} {plural}", ha="left", va="bottom", fontsize=7)
+        ax.text(0, track_y + 0.36, f"{name}: {len(runs)} {plural}", ha="left", va="bottom", fontsize=_LABEL_POINTS)
     ax.set_xlim(-1.2, row_length + 0.2)
     ax.set_ylim(0.15, 4.0)
     ax.set_yticks([])
     step = cache.page_size * cache.local_kv_heads * cache.head_dim
     ax.set_xticks(range(0, kv_stride + 1, step))
-    ax.tick_params(axis="x", labelsize=6)
+    ax.tick_params(axis="x", labelsize=_LABEL_POINTS)
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     ax.set_title(
         f"{cache.kv_layout.name}: kv_buffer {tuple(cache.kv_buffer.shape)}, strides {cache.kv_buffer.stride()}",
-        fontsize=8, loc="left",
+        fontsize=_LABEL_POINTS, loc="left",
     )  # fmt: skip
 
 
@@ -359,8 +363,11 @@ def _layer_colour(layer: int) -> tuple[float, float, float]:
 
 
 def _shade(colour: tuple[float, float, float], page: int, num_pages: int) -> tuple[float, float, float]:
-    """Page 0 in the full colour, later pages mixed with white, up to 65% white."""
-    mix = 0.65 * page / max(1, num_pages - 1)
+    """The layer's colour mixed with white: 45% for page 0, up to 85% for the last page.
+
+    Light enough everywhere for the dark page number drawn over it to read.
+    """
+    mix = 0.45 + 0.4 * page / max(1, num_pages - 1)
     return tuple(c + (1.0 - c) * mix for c in colour)  # type: ignore[return-value]
 
 
