@@ -28,6 +28,7 @@ Writes ``benchmarks/results/chunked_prefill.json``.
 from __future__ import annotations
 
 import argparse
+import itertools
 from typing import Any
 
 import numpy as np
@@ -90,11 +91,8 @@ def serve(model: TinyDecoder, work: list[tuple[np.ndarray, int, bool]], budget: 
     ttft = {r.uid: stats.requests[r.uid].time_to_first_token for r, _ in requests}
     long_ttft = [ttft[r.uid] for r, long in requests if long]
     done = np.cumsum(work_per_step)  # tokens computed by the end of each step
-    gap_tokens = [
-        int(done[later] - done[earlier])
-        for r, _ in requests
-        for earlier, later in zip(stats.requests[r.uid].token_steps, stats.requests[r.uid].token_steps[1:], strict=False)
-    ]
+    token_steps = [stats.requests[r.uid].token_steps for r, _ in requests]
+    gap_tokens = [int(done[b] - done[a]) for steps in token_steps for a, b in itertools.pairwise(steps)]
     return {
         "steps": stats.steps,
         "mixed_steps": mixed,

@@ -34,6 +34,7 @@ counted twice.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class RequestSteps:
     @property
     def inter_token_gaps(self) -> list[int]:
         """Steps between consecutive tokens (1 when a token came every step)."""
-        return [later - earlier for earlier, later in zip(self.token_steps, self.token_steps[1:], strict=False)]
+        return [later - earlier for earlier, later in itertools.pairwise(self.token_steps)]
 
 
 @dataclass

@@ -22,6 +22,7 @@ Show who owns each slot of the pool (free, cached, locked, a running request)::
 
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
+:mod:`~minikv.viz.timeline` (a serving run, one row per request),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate),
 :mod:`~minikv.viz.scheduler` (requests over steps, measures side by side, the slot
 table a kernel walks) and :mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
@@ -37,6 +38,7 @@ from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_size
 from .recorder import Frame, TreeRecorder
 from .scheduler import draw_slot_table, plot_measures, plot_request_states
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
+from .timeline import Timeline, TimelineEvent, TimelineSegment, record_timeline
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
 __all__ = [
@@ -47,6 +49,9 @@ __all__ = [
     "NodeView",
     "PlayerFrame",
     "SlotOwnership",
+    "Timeline",
+    "TimelineEvent",
+    "TimelineSegment",
     "TreeChanges",
     "TreeDrawing",
     "TreeRecorder",
@@ -66,6 +71,7 @@ __all__ = [
     "plot_measures",
     "plot_request_states",
     "plot_sizes",
+    "record_timeline",
     "render_svg",
     *storage.__all__,
 ]
