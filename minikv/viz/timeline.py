@@ -44,7 +44,7 @@ COLOURS = {
     "waiting": "#d0d5dd",
     "prefill": "#2e90fa",
     "decode": "#32d583",
-    "stalled": "#fef0c7",
+    "stalled": "#fedf89",
     "preempted": "#f97066",
 }
 LEGEND = {
