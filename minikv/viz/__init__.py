@@ -20,6 +20,12 @@ Show who owns each slot of the pool (free, cached, locked, a running request)::
     draw_tree(manager, vocab, pool=pool)        # a numbered strip of slots above the tree
     TreeRecorder(manager, vocab, pool=pool)     # the strip in every frame
 
+Draw a serving run, one row per request (waiting, prefill chunks, decode, preempted, finished)::
+
+    timeline = record_timeline(engine)          # on a fresh engine, before the first submit
+    engine.generate(prompts, 8)
+    timeline                                    # shown as SVG in a notebook; timeline.svg() is the text
+
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
 :mod:`~minikv.viz.timeline` (a serving run, one row per request),
