@@ -354,7 +354,19 @@ class Engine:
         return [r.output for r in requests]
 
     def check(self) -> None:
-        """Every slot free, in the tree, or held by a request, exactly once; then the manager's own check."""
+        """Every slot free, in the tree, or held by a request, exactly once; then the manager's own check.
+
+        Each request holding a row must also read: tree-owned prefix, then computed tokens, then
+        slots (``cached_len <= kv_len <= num_slots``), its prompt's slots all allocated at admission.
+        """
+        for request in self._holders.values():
+            if not request.cached_len <= request.kv_len <= request.num_slots or request.prefill_len > request.num_slots:
+                raise IntegrityError(
+                    "request bookkeeping",
+                    f"{request!r}: cached_len {request.cached_len}, kv_len {request.kv_len}, prefill_len "
+                    f"{request.prefill_len}, num_slots {request.num_slots}: need cached_len <= kv_len <= num_slots "
+                    "and prefill_len <= num_slots",
+                )
         free = self.pool.free_slots()
         tree = tree_slots(self.cache)
         held = [self.req_to_token[r.row, r.cached_len : r.num_slots] for r in self._holders.values()]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from minikv.admission import ADMISSIONS
 from minikv.engine import Batch, Engine, EngineRequest, make_engine, recompute
-from minikv.errors import ArgumentError, ArgumentTypeError
+from minikv.errors import ArgumentError, ArgumentTypeError, IntegrityError
 from minikv.scheduling import POLICIES
 from minikv.tiny_model import TinyDecoder
 
@@ -217,6 +217,18 @@ def test_a_request_preempted_mid_prompt_resumes_from_its_inserted_chunks() -> No
     assert long.admissions == [0, 12]  # it matched the chunks it had computed
     assert long.output == recompute(MODEL, long.prompt, 2)
     assert all(d.output == recompute(MODEL, d.prompt, 20) for d in decoders)
+
+
+def test_check_finds_a_chunk_counted_beyond_the_request_slots() -> None:
+    engine, _, long = long_and_short(budget=8)
+    engine.step()
+    engine.check()
+    long.kv_len = long.num_slots + 1  # a chunk scheduled past the pages admission allocated
+    with pytest.raises(IntegrityError, match="request bookkeeping"):
+        engine.check()
+    long.kv_len = long.cached_len - 1  # computed less than what the tree already holds for it
+    with pytest.raises(IntegrityError, match="request bookkeeping"):
+        engine.check()
 
 
 def test_time_to_first_token_and_inter_token_gaps_in_steps() -> None:
