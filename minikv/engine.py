@@ -88,7 +88,9 @@ prompt's pages at once (so a chunk never runs dry halfway); only the compute is
 spread over steps. After each chunk its whole pages go into the tree
 (``Engine._insert_unfinished``, SGLang's ``cache_unfinished_req``), so a request
 arriving meanwhile matches them, and a preemption mid-prompt keeps them. Only the
-chunk that ends the prompt gives a token.
+chunk that ends the prompt gives a token. With ``overlap=True`` a prompt's next
+chunk is scheduled while the previous one is in flight: chunks write disjoint
+positions and run in order, so nothing waits for them.
 """
 
 from __future__ import annotations
@@ -269,7 +271,7 @@ class Engine:
         self.insert_after_prefill = _as_flag(insert_after_prefill, "insert_after_prefill")
         self.policy = as_policy(policy)
         self.admission = as_admission(admission)
-        self.prefill_budget = as_prefill_budget(prefill_budget, self.overlap)
+        self.prefill_budget = as_prefill_budget(prefill_budget)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         """Oldest admission first: preemption takes the last."""
@@ -689,17 +691,9 @@ def _as_list(values: Any, name: str) -> list[Any]:
         raise ArgumentTypeError(f"{name} must be a list, got {type(values).__name__}") from None
 
 
-def as_prefill_budget(prefill_budget: object, overlap: bool) -> int | None:
-    """None (whole prompts) or the prompt tokens one step may compute; refused, naming ``prefill_budget``.
-
-    Chunked prefill runs in the plain loop only: with ``overlap=True`` the budget is refused.
-    """
-    if prefill_budget is None:
-        return None
-    budget = as_positive(prefill_budget, "prefill_budget")
-    if overlap:
-        raise ArgumentError("prefill_budget: chunked prefill runs without overlap; pass overlap=False or no budget")
-    return budget
+def as_prefill_budget(prefill_budget: object) -> int | None:
+    """None (whole prompts) or the prompt tokens one step may compute (at least 1), else refused by name."""
+    return None if prefill_budget is None else as_positive(prefill_budget, "prefill_budget")
 
 
 def _as_flag(value: object, name: str) -> bool:
@@ -742,7 +736,7 @@ def make_engine(
     _as_flag(insert_after_prefill, "insert_after_prefill")
     policy = as_policy(policy)
     admission = as_admission(admission)
-    as_prefill_budget(prefill_budget, _as_flag(overlap, "overlap"))
+    as_prefill_budget(prefill_budget)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
