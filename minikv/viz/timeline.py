@@ -136,7 +136,7 @@ class Timeline:
 
     # -- recording ----------------------------------------------------------------------------------
 
-    def _record_step(self, engine: Engine, batch: Batch | None, preempted: set[int]) -> None:
+    def _record_step(self, batch: Batch | None, preempted: set[int]) -> None:
         self.steps += 1
         step = self.steps
         chunks, decoding = _batch_members(batch)
@@ -185,7 +185,7 @@ def record_timeline(engine: Engine) -> Timeline:
     def step(call: Callable[[], Batch | None]) -> Batch | None:
         preempted.clear()
         batch = call()
-        timeline._record_step(engine, batch, preempted)
+        timeline._record_step(batch, preempted)
         return batch
 
     wrappers: dict[str, Callable[..., Any]] = {"submit": submit, "_preempt": preempt, "step": step}
