@@ -76,6 +76,21 @@ it, and batch N computes the last token from someone else's slots (chapter 6
 and the tests show the wrong output).
 When decode would need a preemption, overlap mode first collects the batch in
 flight (its results may free enough) and then schedules as the plain loop does.
+
+**Chunked prefill** (``prefill_budget=N``). Without a budget a step runs either
+one prefill batch or one decode batch, and a long prompt's prefill holds every
+running request's next token back for that step. With a budget, each step
+computes at most ``N`` prompt tokens, beside a decode step of every request
+whose prompt is done (vLLM and SGLang's mixed batches): decode is scheduled
+first, then the prompts being prefilled continue (oldest first), then new
+requests are admitted while the budget lasts. Admission still allocates a
+prompt's pages at once (so a chunk never runs dry halfway); only the compute is
+spread over steps. After each chunk its whole pages go into the tree
+(``Engine._insert_unfinished``, SGLang's ``cache_unfinished_req``), so a request
+arriving meanwhile matches them, and a preemption mid-prompt keeps them. Only the
+chunk that ends the prompt gives a token. With ``overlap=True`` a prompt's next
+chunk is scheduled while the previous one is in flight: chunks write disjoint
+positions and run in order, so nothing waits for them.
 """
 
 from __future__ import annotations
@@ -83,7 +98,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -145,6 +160,8 @@ class EngineRequest:
         """Slots in its row: whole pages, so it may be ahead of ``kv_len``."""
         self.kv_len = 0
         """Tokens whose K/V are written, or will be once the batch in flight has run."""
+        self.prefill_len = 0
+        """Tokens its prefill must compute up to before it decodes (its length at admission)."""
         self.num_scheduled = 0
         """New tokens that will exist once every scheduled batch has run (ahead of ``output`` when overlapping)."""
         # -- for the statistics --
@@ -166,6 +183,11 @@ class EngineRequest:
         return self.status is Status.FINISHED
 
     @property
+    def prefilling(self) -> bool:
+        """Admitted, but not every prompt chunk is scheduled yet (only with a ``prefill_budget``)."""
+        return self.row >= 0 and self.kv_len < self.prefill_len
+
+    @property
     def cached_len(self) -> int:
         """Leading tokens of its row that the tree owns (its locked match); 0 when it holds nothing."""
         return self.handle.cached_len if self.handle is not None else 0
@@ -182,16 +204,22 @@ class EngineRequest:
 
 @dataclass
 class Batch:
-    """One forward pass: a prefill of whole suffixes, or a decode of one token per request."""
+    """One step's work: a prefill of suffixes (or chunks of them), a decode of one token per request, or both."""
 
     kind: str
-    """``"prefill"`` or ``"decode"``."""
+    """``"prefill"``, ``"decode"``, or ``"mixed"`` (a prefill and a decode batch in one step: see ``parts``)."""
     requests: list[EngineRequest]
     rows: list[int]
     starts: list[int]
     """Prefill: the first computed position (the cached length). Decode: the position of the token fed in."""
     ends: list[int]
-    """Tokens attended over once this batch has run (prefill: the whole row; decode: start + 1)."""
+    """Tokens attended over once this batch has run (prefill: the row so far; decode: start + 1)."""
+    parts: tuple[Batch, ...] = field(default=())
+    """Mixed: the prefill batch and the decode batch, run one after the other."""
+
+    def gives_token(self, index: int) -> bool:
+        """Whether the request at ``index`` gets a token (from a prefill, only the chunk that ends its prompt)."""
+        return self.kind == "decode" or self.ends[index] == self.requests[index].prefill_len
 
 
 class Engine:
@@ -206,6 +234,10 @@ class Engine:
     :class:`~minikv.scheduling.SchedulingPolicy` or its name, :func:`~minikv.scheduling.as_policy`).
     ``admission`` decides how much room admission keeps for decode (an
     :class:`~minikv.admission.AdmissionPolicy` or its name, :func:`~minikv.admission.as_admission`).
+    ``prefill_budget`` (None, or a number of tokens) turns on chunked prefill: at
+    most that many prompt tokens are computed per step, beside the decode of the
+    running requests (see the module docstring); None prefills each admitted
+    prompt whole, in a step of its own.
     ``stats`` counts and times what it does (:class:`~minikv.engine_stats.EngineStats`).
     """
 
@@ -220,6 +252,7 @@ class Engine:
         insert_after_prefill: bool = True,
         policy: SchedulingPolicy | str = "fcfs",
         admission: AdmissionPolicy | str = "optimistic",
+        prefill_budget: int | None = None,
     ) -> None:
         check_model(model)
         if not isinstance(cache, BaseCacheManager) or not isinstance(pool, PagePool):
@@ -238,6 +271,7 @@ class Engine:
         self.insert_after_prefill = _as_flag(insert_after_prefill, "insert_after_prefill")
         self.policy = as_policy(policy)
         self.admission = as_admission(admission)
+        self.prefill_budget = as_prefill_budget(prefill_budget)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         """Oldest admission first: preemption takes the last."""
@@ -322,7 +356,19 @@ class Engine:
         return [r.output for r in requests]
 
     def check(self) -> None:
-        """Every slot free, in the tree, or held by a request, exactly once; then the manager's own check."""
+        """Every slot free, in the tree, or held by a request, exactly once; then the manager's own check.
+
+        Each request holding a row must also read: tree-owned prefix, then computed tokens, then
+        slots (``cached_len <= kv_len <= num_slots``), its prompt's slots all allocated at admission.
+        """
+        for request in self._holders.values():
+            if not request.cached_len <= request.kv_len <= request.num_slots or request.prefill_len > request.num_slots:
+                raise IntegrityError(
+                    "request bookkeeping",
+                    f"{request!r}: cached_len {request.cached_len}, kv_len {request.kv_len}, prefill_len "
+                    f"{request.prefill_len}, num_slots {request.num_slots}: need cached_len <= kv_len <= num_slots "
+                    "and prefill_len <= num_slots",
+                )
         free = self.pool.free_slots()
         tree = tree_slots(self.cache)
         held = [self.req_to_token[r.row, r.cached_len : r.num_slots] for r in self._holders.values()]
@@ -342,29 +388,59 @@ class Engine:
     # -- scheduling ----------------------------------------------------------------------------
 
     def _schedule(self) -> Batch | None:
-        return self._schedule_prefill() or self._schedule_decode()
+        if self.prefill_budget is None:
+            return self._schedule_prefill() or self._schedule_decode()
+        # Chunked: the running requests decode, and the budget's prompt tokens are prefilled beside them.
+        decode = self._schedule_decode()
+        prefill = self._schedule_prefill()
+        if decode is None or prefill is None:
+            return prefill or decode
+        parts = (prefill, decode)
+        return Batch(
+            "mixed",
+            [r for b in parts for r in b.requests],
+            [row for b in parts for row in b.rows],
+            [start for b in parts for start in b.starts],
+            [end for b in parts for end in b.ends],
+            parts,
+        )
 
     def _retiring(self, request: EngineRequest) -> bool:
         """Its last token is in the batch in flight: it needs no more decode (overlap only)."""
         return request.num_scheduled >= request.max_new_tokens
 
     def _schedule_prefill(self) -> Batch | None:
-        admitted: list[EngineRequest] = []
+        budget = self.prefill_budget
+        chunks: list[tuple[EngineRequest, int]] = []  # each request, and where its chunk starts
+        for request in self.running:  # prompts already being prefilled go on first, oldest first
+            if request.prefilling and budget != 0:
+                chunks.append((request, request.kv_len))
+                budget = self._take_chunk(request, budget)
         self._order_waiting()
-        while self.waiting and len(self.running) < self.max_running and self._free_rows:
+        while budget != 0 and self.waiting and len(self.running) < self.max_running and self._free_rows:
             request = self.waiting[0]
             # The admission policy says how much room to keep for decode beyond this prompt.
             if not self._admit(request, self.admission.reserve(self.running, request, self.page_size)):
                 break
             self.waiting.popleft()
             self.running.append(request)
-            admitted.append(request)
+            chunks.append((request, request.kv_len))
+            budget = self._take_chunk(request, budget)
         for request in self.waiting:
             request.waited_steps += 1
-        if not admitted:
+        if not chunks:
             return None
-        rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
-        return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
+        requests, starts = [r for r, _ in chunks], [start for _, start in chunks]
+        return Batch("prefill", requests, [r.row for r in requests], starts, [r.kv_len for r in requests])
+
+    def _take_chunk(self, request: EngineRequest, budget: int | None) -> int | None:
+        """Schedule the next chunk of its prompt (all of it without a budget); returns the budget left."""
+        size = request.prefill_len - request.kv_len
+        if budget is not None:
+            size = min(size, budget)
+            budget -= size
+        request.kv_len += size
+        return budget
 
     def _order_waiting(self) -> None:
         """Put the waiting queue in the policy's order (in place); refused unless it is the same requests."""
@@ -392,7 +468,7 @@ class Engine:
         self.token_pool[row, : len(ids)] = torch.from_numpy(ids)  # the host copies the ids to the device
         self._holders[row] = request
         request.handle, request.row, request.num_slots = handle, row, cached + len(new_slots)
-        request.kv_len = len(ids)
+        request.kv_len, request.prefill_len = cached, len(ids)  # its prefill schedules the rest
         request.num_scheduled = len(request.output) + 1
         request.status = Status.RUNNING
         if request.cached_tokens < 0:
@@ -415,7 +491,7 @@ class Engine:
     def _schedule_decode(self) -> Batch | None:
         preempted = 0
         while True:
-            requests = [r for r in self.running if not self._retiring(r)]
+            requests = [r for r in self.running if not (self._retiring(r) or r.prefilling)]
             if not requests:
                 return None
             # A request whose last page is full needs a new one (with page_size 1: every step).
@@ -424,7 +500,7 @@ class Engine:
                 break
             if self._in_flight is not None:
                 self._drain()  # its results may finish requests and free their slots
-            elif len(requests) > 1:
+            elif len(self.running) > 1:  # the newest goes, even if it is still prefilling
                 self._preempt(self.running[-1])
                 preempted += 1
             else:  # cannot happen: submit() refuses a request the pool could never hold alone
@@ -458,15 +534,19 @@ class Engine:
 
     # -- running a batch (the "device" side) ----------------------------------------------------
 
-    def _run(self, batch: Batch) -> list[int]:
+    def _run(self, batch: Batch) -> list[int | None]:
         """The forward pass. It reads ids and slots from the device tables *now*, as a GPU would."""
         if batch.kind == "prefill":
-            tokens = []
-            for row, cached, end in zip(batch.rows, batch.starts, batch.ends, strict=True):
+            tokens: list[int | None] = []
+            for index, (row, start, end) in enumerate(zip(batch.rows, batch.starts, batch.ends, strict=True)):
                 ids, slots = self.token_pool[row, :end], self.req_to_token[row, :end]
-                logits = self.model.prefill(ids, self.kv_cache, slots, cached)
-                tokens.append(int(logits[-1].argmax()))
-                self.token_pool[row, end] = tokens[-1]
+                logits = self.model.prefill(ids, self.kv_cache, slots, start)
+                if not batch.gives_token(index):
+                    tokens.append(None)  # a chunk that does not end the prompt: its K/V are all it is for
+                    continue
+                token = int(logits[-1].argmax())
+                tokens.append(token)
+                self.token_pool[row, end] = token
         else:
             rows = torch.tensor(batch.rows)
             positions = torch.tensor(batch.starts)
@@ -481,10 +561,14 @@ class Engine:
 
     def _collect(self, batch: Batch) -> None:
         """Run the batch, then hand each request its token; finished requests are released."""
+        if batch.kind == "mixed":
+            for part in batch.parts:
+                self._collect(part)
+            return
         tokens = self._run(batch)
         for request, token in zip(batch.requests, tokens, strict=True):
-            if request.finished:
-                continue  # it hit a stop token one batch earlier; this token was computed in vain
+            if request.finished or token is None:
+                continue  # it hit a stop token one batch earlier, or its prompt is not done
             request.output.append(token)
             if request._done_after(token):
                 request.status = Status.FINISHED
@@ -501,20 +585,21 @@ class Engine:
             if request.finished and request.row >= 0 and request not in in_flight:
                 self._release(request)
 
-    def _insert_unfinished(self, request: EngineRequest, end: int) -> None:
+    def _insert_unfinished(self, request: EngineRequest, end: int) -> int:
         """Share a running request's prefilled pages at once (mini-sglang's ``cache_req(finished=False)``).
 
         Insert the whole pages of its first ``end`` tokens, then match them back:
         where another request inserted the same tokens first, the tree's slots
         replace ours in the request's row and ours are freed (SGLang remaps the
         row too; freeing without remapping is mini-sglang's open bug #142). The
-        lock moves from the old match to the new, longer one.
+        lock moves from the old match to the new, longer one. Returns how many
+        slots were freed that way (tokens computed twice).
         """
         assert request.handle is not None
         aligned = end - end % self.page_size
         cached = request.cached_len
         if aligned <= cached:
-            return  # no new whole page to share
+            return 0  # no new whole page to share
         slots = self.req_to_token[request.row, :aligned].clone()
         ids = torch.from_numpy(request.token_ids[:aligned])
         already = self.cache.insert_prefix(ids, slots, handle=request.handle)
@@ -523,9 +608,11 @@ class Engine:
         self.cache.lock_handle(request.handle, unlock=True)
         # Of the slots the new match covers, free what the tree did not take from us. The request
         # keeps the rest (the naive manager keeps nothing: its match is empty, nothing is freed).
-        self.pool.free(slots_to_free(slots[: handle.cached_len], cached, already, self.page_size))
+        duplicates = slots_to_free(slots[: handle.cached_len], cached, already, self.page_size)
+        self.pool.free(duplicates)
         self.req_to_token[request.row, : handle.cached_len] = cached_slots
         request.handle = handle
+        return len(duplicates)
 
     def _drain(self) -> None:
         batch, self._in_flight = self._in_flight, None
@@ -604,6 +691,11 @@ def _as_list(values: Any, name: str) -> list[Any]:
         raise ArgumentTypeError(f"{name} must be a list, got {type(values).__name__}") from None
 
 
+def as_prefill_budget(prefill_budget: object) -> int | None:
+    """None (whole prompts) or the prompt tokens one step may compute (at least 1), else refused by name."""
+    return None if prefill_budget is None else as_positive(prefill_budget, "prefill_budget")
+
+
 def _as_flag(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -621,6 +713,7 @@ def make_engine(
     engine_class: type[Engine] = Engine,
     policy: SchedulingPolicy | str = "fcfs",
     admission: AdmissionPolicy | str = "optimistic",
+    prefill_budget: int | None = None,
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
@@ -629,6 +722,7 @@ def make_engine(
     ``engine_class`` builds a subclass of :class:`Engine` instead, such as :class:`EarlyFreeEngine`.
     ``policy`` orders the waiting queue (:func:`~minikv.scheduling.as_policy`: a policy or its name).
     ``admission`` keeps room for decode (:func:`~minikv.admission.as_admission`: a policy or its name).
+    ``prefill_budget`` turns on chunked prefill (:class:`Engine`).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
@@ -642,6 +736,7 @@ def make_engine(
     _as_flag(insert_after_prefill, "insert_after_prefill")
     policy = as_policy(policy)
     admission = as_admission(admission)
+    as_prefill_budget(prefill_budget)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
@@ -672,7 +767,9 @@ def make_engine(
         model.device,
         page_size,
     )
-    return engine_class(model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission)
+    return engine_class(
+        model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget
+    )
 
 
 def recompute(

@@ -8,16 +8,24 @@ wrapper calls the engine's own method, then records what it did:
 =======================================================  ============================================
 engine method                                            recorded
 =======================================================  ============================================
-``submit``                                               ``prompt_tokens``
+``submit``                                               ``prompt_tokens``, ``requests``
 ``step``                                                 ``steps``, ``step_seconds``
-``_admit`` (when it admits)                              ``cached_tokens``, ``prefill_tokens``
-``_schedule_prefill``, ``_schedule_decode``              ``prefill_batches``, ``decode_batches``
+``_admit`` (when it admits)                              ``cached_tokens``
+``_schedule_prefill``, ``_schedule_decode``              ``prefill_batches``, ``decode_batches``,
+                                                         ``prefill_tokens``
 ``_preempt``                                             ``preemptions``
+``_collect``                                             ``requests`` (the step of each token)
 ``_run``                                                 ``model_seconds``, ``prefill_seconds``,
                                                          ``decode_tokens``
 ``_reserve``, ``_new_page``                              ``cache_seconds``, ``evicted_slots``
-``_insert_unfinished``, ``_release``                     ``cache_seconds``
+``_insert_unfinished``                                   ``cache_seconds``, ``duplicate_tokens``
+``_release``                                             ``cache_seconds``
 =======================================================  ============================================
+
+Time in steps (the logical clock): each request's :class:`RequestSteps` keeps
+the number of steps run before it was submitted and the step that gave each of
+its tokens, so time to first token and the gaps between tokens are read off
+without a clock.
 
 The cache-side methods (the last two lines) are the only ones that call the
 cache manager and the pool, and none of them calls another, so no time is
@@ -26,13 +34,34 @@ counted twice.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .engine import Batch, Engine, EngineRequest
+
+
+@dataclass
+class RequestSteps:
+    """When one request arrived and when each of its tokens came, in steps of its engine."""
+
+    submitted: int
+    """Steps the engine had run when the request was submitted (its first chance is the next one)."""
+    token_steps: list[int] = field(default_factory=list)
+    """The step whose batch gave each generated token, in order (steps count from 1)."""
+
+    @property
+    def time_to_first_token(self) -> int | None:
+        """Steps from submission to the step that gave the first token (None before it came)."""
+        return self.token_steps[0] - self.submitted if self.token_steps else None
+
+    @property
+    def inter_token_gaps(self) -> list[int]:
+        """Steps between consecutive tokens (1 when a token came every step)."""
+        return [later - earlier for earlier, later in itertools.pairwise(self.token_steps)]
 
 
 @dataclass
@@ -59,6 +88,18 @@ class EngineStats:
     """The part of ``model_seconds`` spent in prefill batches (what a prefix cache saves)."""
     cache_seconds: float = 0.0
     """Time in the engine's cache-side steps: match, lock and allocate (with eviction), insert, free."""
+    duplicate_tokens: int = 0
+    """Prefilled tokens whose pages another request had inserted first (the tree's copy kept, ours freed)."""
+    requests: dict[int, RequestSteps] = field(default_factory=dict)
+    """Each submitted request's steps, by its ``uid``."""
+
+    def times_to_first_token(self) -> list[int]:
+        """Time to first token, in steps, of each request that has one (in order of arrival)."""
+        return [t for r in self.requests.values() if (t := r.time_to_first_token) is not None]
+
+    def inter_token_gaps(self) -> list[int]:
+        """Every gap between two consecutive tokens of a request, in steps, over all requests."""
+        return [gap for r in self.requests.values() for gap in r.inter_token_gaps]
 
 
 class StatsRecorder:
@@ -79,6 +120,7 @@ class StatsRecorder:
         def submit(call: Callable[..., EngineRequest], request: EngineRequest) -> EngineRequest:
             submitted = call(request)
             stats.prompt_tokens += len(submitted.prompt)
+            stats.requests[submitted.uid] = RequestSteps(stats.steps)
             return submitted
 
         def step(call: Callable[[], Batch | None]) -> Batch | None:
@@ -91,25 +133,34 @@ class StatsRecorder:
         def admit(call: Callable[..., bool], request: EngineRequest, reserve: int) -> bool:
             admitted = call(request, reserve)
             if admitted:
-                cached = request.admissions[-1]
-                stats.cached_tokens += cached
-                stats.prefill_tokens += request.kv_len - cached
+                stats.cached_tokens += request.admissions[-1]
             return admitted
 
-        def count_batches(field: str) -> Callable[..., Batch | None]:
+        def count_batches(name: str) -> Callable[..., Batch | None]:
             def scheduled(call: Callable[[], Batch | None]) -> Batch | None:
                 batch = call()
                 if batch is not None:
-                    setattr(stats, field, getattr(stats, field) + 1)
+                    setattr(stats, name, getattr(stats, name) + 1)
+                    if batch.kind == "prefill":
+                        stats.prefill_tokens += sum(batch.ends) - sum(batch.starts)
                 return batch
 
             return scheduled
+
+        def collect(call: Callable[..., None], batch: Batch) -> None:
+            if batch.kind == "mixed":
+                return call(batch)  # its parts are collected (and recorded) one by one
+            before = [len(r.output) for r in batch.requests]
+            call(batch)
+            for request, had in zip(batch.requests, before, strict=True):
+                if len(request.output) > had:  # inside a step: it is step number stats.steps + 1
+                    stats.requests[request.uid].token_steps.append(stats.steps + 1)
 
         def preempt(call: Callable[..., None], request: EngineRequest) -> None:
             call(request)
             stats.preemptions += 1
 
-        def run(call: Callable[..., list[int]], batch: Batch) -> list[int]:
+        def run(call: Callable[..., list[int | None]], batch: Batch) -> list[int | None]:
             start = time.perf_counter()
             tokens = call(batch)
             elapsed = time.perf_counter() - start
@@ -128,6 +179,11 @@ class StatsRecorder:
                 stats.cache_seconds += time.perf_counter() - start
                 stats.evicted_slots += engine.pool.num_evicted_slots - evicted_before
 
+        def insert_unfinished(call: Callable[..., int], *args: Any) -> int:
+            duplicates: int = cache_side(call, *args)
+            stats.duplicate_tokens += duplicates
+            return duplicates
+
         wrappers: dict[str, Callable[..., Any]] = {
             "submit": submit,
             "step": step,
@@ -135,10 +191,11 @@ class StatsRecorder:
             "_schedule_prefill": count_batches("prefill_batches"),
             "_schedule_decode": count_batches("decode_batches"),
             "_preempt": preempt,
+            "_collect": collect,
             "_run": run,
             "_reserve": cache_side,
             "_new_page": cache_side,
-            "_insert_unfinished": cache_side,
+            "_insert_unfinished": insert_unfinished,
             "_release": cache_side,
         }
         for name, wrapper in wrappers.items():

@@ -67,6 +67,8 @@ class PreviousEngine(Engine):
         if not admitted:
             return None
         rows, cached = [r.row for r in admitted], [r.cached_len for r in admitted]
+        for request in admitted:
+            self._take_chunk(request, None)  # the whole prompt at once
         return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
 
 

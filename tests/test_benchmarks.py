@@ -118,3 +118,15 @@ def test_admission_quick_generates_the_same_tokens_under_every_policy(tmp_path: 
     assert rows["optimistic"]["preemptions"] > 0
     assert rows["full"]["max_concurrent"] < rows["optimistic"]["max_concurrent"]
     assert len({r["generated_tokens"] for r in rows.values()}) == 1
+
+
+def test_chunked_prefill_quick_generates_the_same_tokens_under_every_budget(tmp_path: Path) -> None:
+    doc = run_benchmark("chunked_prefill", ["--quick"], tmp_path)  # the script asserts identical tokens per budget
+    assert doc["quick"] is True
+    rows = {r["budget"]: r for r in doc["rows"]}
+    assert list(rows) == ["none", 256, 128, 64, 32]
+    assert len({r["prefill_tokens"] for r in rows.values()}) == 1  # chunks compute the same prompt tokens
+    assert rows["none"]["mixed_steps"] == 0 and rows["none"]["worst_gap_steps"] >= 2
+    assert all(rows[b]["worst_gap_steps"] == 1 for b in (256, 128, 64, 32))  # decode never waits for a prompt
+    assert rows[32]["max_step_tokens"] < rows[256]["max_step_tokens"] < rows["none"]["max_step_tokens"]
+    assert rows[32]["worst_ttft_long"] > rows["none"]["worst_ttft_long"]

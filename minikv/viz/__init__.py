@@ -20,8 +20,15 @@ Show who owns each slot of the pool (free, cached, locked, a running request)::
     draw_tree(manager, vocab, pool=pool)        # a numbered strip of slots above the tree
     TreeRecorder(manager, vocab, pool=pool)     # the strip in every frame
 
+Draw a serving run, one row per request (waiting, prefill chunks, decode, preempted, finished)::
+
+    timeline = record_timeline(engine)          # on a fresh engine, before the first submit
+    engine.generate(prompts, 8)
+    timeline                                    # shown as SVG in a notebook; timeline.svg() is the text
+
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
+:mod:`~minikv.viz.timeline` (a serving run, one row per request),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate),
 :mod:`~minikv.viz.scheduler` (requests over steps, measures side by side, the slot
 table a kernel walks) and :mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
@@ -37,6 +44,7 @@ from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_size
 from .recorder import Frame, TreeRecorder
 from .scheduler import draw_slot_table, plot_measures, plot_request_states
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
+from .timeline import Timeline, TimelineEvent, TimelineSegment, record_timeline
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
 
 __all__ = [
@@ -47,6 +55,9 @@ __all__ = [
     "NodeView",
     "PlayerFrame",
     "SlotOwnership",
+    "Timeline",
+    "TimelineEvent",
+    "TimelineSegment",
     "TreeChanges",
     "TreeDrawing",
     "TreeRecorder",
@@ -66,6 +77,7 @@ __all__ = [
     "plot_measures",
     "plot_request_states",
     "plot_sizes",
+    "record_timeline",
     "render_svg",
     *storage.__all__,
 ]
