@@ -20,10 +20,16 @@ Show who owns each slot of the pool (free, cached, locked, a running request)::
     draw_tree(manager, vocab, pool=pool)        # a numbered strip of slots above the tree
     TreeRecorder(manager, vocab, pool=pool)     # the strip in every frame
 
+Draw in Chinese (the labels, legends, captions and buttons; token words stay as they are)::
+
+    from minikv.viz import set_language
+    set_language("zh")          # "en" (the default) goes back; the words live in minikv.viz.labels
+
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
-:mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate) and
-:mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
+:mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate)
+:mod:`~minikv.viz.storage` (storage-layer pictures) and :mod:`~minikv.viz.labels`
+(every word they draw, in English and Chinese). The snapshot they all
 draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.course.vocab`.
 """
 
@@ -31,6 +37,7 @@ from ..course.vocab import Vocab  # re-exported: the book's examples import it f
 from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
 from . import storage
 from .engine import EngineDrawing, draw_engine
+from .labels import get_language, set_language
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_sizes
 from .recorder import Frame, TreeRecorder
@@ -51,6 +58,7 @@ __all__ = [
     "TreeSnapshot",
     "Vocab",
     "diff_snapshots",
+    "get_language",
     "draw_engine",
     "draw_pool",
     "draw_snapshot",
@@ -62,5 +70,6 @@ __all__ = [
     "plot_lifecycle",
     "plot_sizes",
     "render_svg",
+    "set_language",
     *storage.__all__,
 ]

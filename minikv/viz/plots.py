@@ -28,6 +28,7 @@ from matplotlib.ticker import PercentFormatter
 from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
 from ..snapshot import VocabLike, token_namer, words
+from .labels import text
 from .recorder import Frame, TreeRecorder
 from .tree import LOOKS
 
@@ -41,6 +42,8 @@ PHASES = {
     7: ("finish", "#32d583"),
 }
 """Step number -> (phase, colour). Step 6 runs between admission and finish, as in a real server."""
+
+_PHASE_LABELS = {"admit": "plot.admit", "forward pass": "plot.forward", "finish": "plot.finish"}
 
 BAND_COLOURS = {
     "protected": "#f97066",
@@ -82,12 +85,14 @@ def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab:
     ax.set_yticklabels(list(reversed(names)))
     ax.set_xticks([i + 0.5 for i in range(width)])
     ax.set_xticklabels([f"{i + 1}" for i in range(width)])
-    ax.set_xlabel("order in which the steps ran")
-    ax.set_title("The request lifecycle (box numbers are the notes' seven steps)")
+    ax.set_xlabel(text("plot.lifecycle_x"))
+    ax.set_title(text("plot.lifecycle_title"))
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     ax.tick_params(axis="y", length=0)
-    handles = [Patch(facecolor=c, edgecolor="#344054", label=p) for p, c in dict(PHASES.values()).items()]
+    handles = [
+        Patch(facecolor=c, edgecolor="#344054", label=text(_PHASE_LABELS[p])) for p, c in dict(PHASES.values()).items()
+    ]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(reqs) < 3 else -0.12),
               ncol=3, frameon=False, fontsize=8)  # fmt: skip
     fig.tight_layout()
@@ -111,14 +116,17 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
         raise ArgumentError(f"num_slots must be a non-negative int, got {num_slots!r}")
     protected = [i.protected_size for i in infos]
     evictable = [i.evictable_size for i in infos]
-    bands: list[tuple[str, list[int]]] = [("protected (locked)", protected), ("evictable", evictable)]
+    bands: list[tuple[str, list[int]]] = [
+        (text("plot.band_protected"), protected),
+        (text("plot.band_evictable"), evictable),
+    ]
     if frees is not None and num_slots is not None:
         held = [num_slots - f - i.total_size for f, i in zip(frees, infos, strict=True)]
         if min(held) < 0:
             raise ArgumentError(f"num_slots: {num_slots} is smaller than cached + free slots in some frame")
-        bands.append(("held by running requests", held))
+        bands.append((text("plot.band_requests"), held))
     if frees is not None:
-        bands.append(("free in the pool", list(frees)))
+        bands.append((text("plot.band_free"), list(frees)))
     colours = [BAND_COLOURS["protected"], BAND_COLOURS["evictable"], BAND_COLOURS["requests"], BAND_COLOURS["free"]]
     if len(bands) == 3:  # no request band: free takes the last colour
         colours = colours[:2] + colours[3:]
@@ -131,12 +139,12 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     if ops is not None and len(ops) <= 40:
         ax.set_xticks(x)
-        ax.set_xticklabels(ops, rotation=60, ha="right", fontsize=8)
-        ax.set_xlabel("frame (operation)")
+        ax.set_xticklabels([text(f"op.{op}") for op in ops], rotation=60, ha="right", fontsize=8)
+        ax.set_xlabel(text("plot.frame_op"))
     else:
-        ax.set_xlabel("frame")
-    ax.set_ylabel("slots")
-    ax.set_title("Where the slots are after each operation")
+        ax.set_xlabel(text("plot.frame"))
+    ax.set_ylabel(text("plot.slots"))
+    ax.set_title(text("plot.sizes_title"))
     ax.margins(x=0.01)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     for side in ("top", "right"):
@@ -164,8 +172,8 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     plt.close(fig)
     x = list(range(len(reqs)))
     ax.bar(x, rates, width=0.7, color=BAND_COLOURS["evictable"], edgecolor="#344054", linewidth=0.5,
-           label="this request")  # fmt: skip
-    ax.plot(x, running, color="#344054", marker="o", markersize=3.5, linewidth=1.2, label="all requests so far")
+           label=text("plot.this_request"))  # fmt: skip
+    ax.plot(x, running, color="#344054", marker="o", markersize=3.5, linewidth=1.2, label=text("plot.all_requests"))
     if len(reqs) <= 30:
         for xi, c, t, rate in zip(x, cached, totals, rates, strict=True):
             ax.text(xi, rate + 0.02, f"{c}/{t}", ha="center", va="bottom", fontsize=7)
@@ -175,8 +183,8 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     slanted = len(reqs) > 6 or max(len(n) for n in names) > 14
     ax.set_xticklabels(names if len(reqs) <= 30 else [str(i + 1) for i in x], rotation=30 if slanted else 0,
                        ha="right" if slanted else "center", fontsize=8)  # fmt: skip
-    ax.set_ylabel("prompt tokens cached")
-    ax.set_title("Prefix-cache hit rate per request")
+    ax.set_ylabel(text("plot.cached_share"))
+    ax.set_title(text("plot.hit_rate_title"))
     ax.legend(loc="upper left", frameon=False, fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -203,18 +211,19 @@ def plot_hit_rate_sweep(sweeps: Any, *, title: str | None = None) -> Figure:
         colour = SWEEP_COLOURS[i % len(SWEEP_COLOURS)]
         sizes = [r.num_slots for r in results]
         ax.plot(sizes, [r.hit_rate for r in results], color=colour, marker="o", markersize=4, linewidth=1.4,
-                label=name or "hit rate")  # fmt: skip
+                label=name or text("plot.hit_rate"))  # fmt: skip
+        no_eviction = text("plot.series_no_eviction", name=name) if name else text("plot.no_eviction")
         ax.axhline(results[0].optimal_rate, color=colour, linestyle="--", linewidth=0.9, alpha=0.8,
-                   label=f"{name}: no eviction" if name else "no eviction")  # fmt: skip
+                   label=no_eviction)  # fmt: skip
     all_sizes = [r.num_slots for results in series.values() for r in results]
     logarithmic = max(all_sizes) > 20 * min(all_sizes)
     if logarithmic:
         ax.set_xscale("log")
     ax.set_ylim(0, 1.05)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel("pool size (slots, log scale)" if logarithmic else "pool size (slots)")
-    ax.set_ylabel("prompt tokens cached")
-    ax.set_title(title or "Hit rate against pool size (LRU eviction)")
+    ax.set_xlabel(text("plot.pool_size_log" if logarithmic else "plot.pool_size"))
+    ax.set_ylabel(text("plot.cached_share"))
+    ax.set_title(title or text("plot.sweep_title"))
     ax.legend(loc="lower right", frameon=False, fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -262,7 +271,7 @@ def _labels(reqs: Sequence[Any], labels: Sequence[str] | None, vocab: VocabLike)
             raise ArgumentError(f"labels must be {len(reqs)} strings, one per request")
         return list(labels)
     if vocab is None:
-        return [f"request {i + 1}" for i in range(len(reqs))]
+        return [text("plot.request", n=i + 1) for i in range(len(reqs))]
     namer = token_namer(vocab)
     return [f"[{words([int(t) for t in r.input_ids], namer, limit=5)}]" for r in reqs]
 
