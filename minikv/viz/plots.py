@@ -28,6 +28,7 @@ from matplotlib.ticker import PercentFormatter
 from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
 from ..snapshot import VocabLike, token_namer, words
+from .figure import TextFigure
 from .labels import text
 from .recorder import Frame, TreeRecorder
 from .tree import LOOKS
@@ -64,7 +65,7 @@ def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab:
     reqs = _requests(requests)
     names = _labels(reqs, labels, vocab)
     width = max(3, max(len(r.trace) for r in reqs))
-    fig, ax = plt.subplots(figsize=(1.55 * width + 2.2, 1.05 * len(reqs) + 1.3))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(1.55 * width + 2.2, 1.05 * len(reqs) + 1.3))
     plt.close(fig)
     for row, request in enumerate(reqs):
         y = len(reqs) - 1 - row
@@ -130,7 +131,7 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
     colours = [BAND_COLOURS["protected"], BAND_COLOURS["evictable"], BAND_COLOURS["requests"], BAND_COLOURS["free"]]
     if len(bands) == 3:  # no request band: free takes the last colour
         colours = colours[:2] + colours[3:]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(infos) + 2.5), 3.6))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(max(6.0, 0.32 * len(infos) + 2.5), 3.6))
     plt.close(fig)
     x = list(range(len(infos)))
     bottom = [0] * len(infos)
@@ -168,7 +169,7 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     for c, t in zip(cached, totals, strict=True):
         c_sum, t_sum = c_sum + c, t_sum + t
         running.append(c_sum / t_sum if t_sum else 0.0)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(reqs) + 2.0), 3.6))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(max(5.0, 0.7 * len(reqs) + 2.0), 3.6))
     plt.close(fig)
     x = list(range(len(reqs)))
     ax.bar(x, rates, width=0.7, color=BAND_COLOURS["evictable"], edgecolor="#344054", linewidth=0.5,
@@ -205,7 +206,7 @@ def plot_hit_rate_sweep(sweeps: Any, *, title: str | None = None) -> Figure:
     dashed line: the rate an unlimited pool would reach.
     """
     series = _sweep_series(sweeps)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(6.4, 3.8))
     plt.close(fig)
     for i, (name, results) in enumerate(series.items()):
         colour = SWEEP_COLOURS[i % len(SWEEP_COLOURS)]

@@ -36,6 +36,7 @@ from .._validate import as_count, as_positive
 from ..base import KVCacheLayout
 from ..errors import ArgumentError, ArgumentTypeError
 from ..mha_pool import MHAKVCache
+from .figure import TextFigure
 from .labels import text
 
 __all__ = [
@@ -202,7 +203,7 @@ def draw_layouts(caches: Sequence[MHAKVCache], layer: int = 1, page: int = 2) ->
     _check_index(page, min(c.num_pages for c in caches), "page")
     row_length = max(c.kv_buffer.stride(0) for c in caches)
     width = min(7.5, 1.0 + 0.14 * row_length)  # a book column; wider pictures are shrunk to unreadable
-    figure = Figure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
+    figure = TextFigure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
     axes = figure.subplots(len(caches), 1, squeeze=False)[:, 0]
     for ax, cache in zip(axes, caches, strict=True):
         _draw_one_layout(ax, cache, layer, page, row_length)
@@ -233,7 +234,7 @@ def draw_slots(cache: MHAKVCache, highlight: Iterable[int] = ()) -> Figure:
     first = element_offsets(cache.k_cache(0))[:, 0, 0, 0]
     last = element_offsets(cache.k_cache(cache.num_layers - 1))[:, 0, 0, 0]
     pages, rows = grid.shape
-    figure = Figure(figsize=(max(4.0, 1.2 + 1.1 * pages), 1.6 + 0.45 * rows), layout="constrained")
+    figure = TextFigure(figsize=(max(4.0, 1.2 + 1.1 * pages), 1.6 + 0.45 * rows), layout="constrained")
     ax = figure.subplots()
     for p in range(pages):
         for r in range(rows):
@@ -280,7 +281,7 @@ def draw_head_split(ranks: Sequence[MHAKVCache]) -> Figure:
     for cache in ranks:
         owner[list(cache.head_range)] = cache.tp_rank
     cell = 0.4 if num_heads <= 12 else 4.8 / num_heads  # inches per head; the rank labels need ~2.6 in
-    figure = Figure(figsize=(cell * num_heads + 2.8, 1.0 + 0.45 * (tp_size + 1)), layout="constrained")
+    figure = TextFigure(figsize=(cell * num_heads + 2.8, 1.0 + 0.45 * (tp_size + 1)), layout="constrained")
     ax = figure.subplots()
     top = tp_size + 0.3
     for head in range(num_heads):
