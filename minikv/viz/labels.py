@@ -31,7 +31,7 @@ from __future__ import annotations
 import html
 import re
 import string
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,6 +47,7 @@ __all__ = [
     "get_language",
     "join",
     "language",
+    "player_fragments",
     "set_language",
     "text",
     "translate",
@@ -135,7 +136,7 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "count.slot": Label("{count} slot", "{count} 个槽位", "{count} slots"),
         "count.token": Label("{count} token", "{count} 个 token", "{count} tokens"),
         # -- recorder captions (recorder.py) ----------------------------------------------------------
-        "rec.start": Label("start: {nodes} holds {slots}", "开始：{nodes} 共占 {slots}", "start: {nodes} hold {slots}"),
+        "rec.start": Label("start: {nodes} holds {slots}", "开始：{nodes}共占 {slots}", "start: {nodes} hold {slots}"),
         "rec.start_empty": Label("start: the tree is empty", "开始：树是空的"),
         "rec.caption": Label("{head}: {parts}", "{head}：{parts}"),
         "rec.labelled": Label("{label} · {caption}", "{label} · {caption}"),
@@ -156,10 +157,10 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "rec.lock_empty": Label("lock (empty match)", "锁定（空匹配）"),
         "rec.unlock_empty": Label("unlock (empty match)", "解锁（空匹配）"),
         "rec.root_only": Label("the root is always protected; nothing to do", "根节点始终受保护；无事可做"),
-        "rec.ref_change": Label("ref_count {sign} on {nodes}", "{nodes} 的 ref_count {sign}"),
-        "rec.evictable_again": Label("{slots} evictable again", "{slots} 重新可驱逐"),
+        "rec.ref_change": Label("ref_count {sign} on {nodes}", "{nodes}的 ref_count {sign}"),
+        "rec.evictable_again": Label("{slots} evictable again", "{slots}重新可驱逐"),
         "rec.still_protected": Label("still protected by another lock", "仍被另一个锁保护"),
-        "rec.newly_protected": Label("{slots} newly protected", "{slots} 新受保护"),
+        "rec.newly_protected": Label("{slots} newly protected", "{slots}新受保护"),
         "rec.already_protected": Label("already protected by another lock", "已被另一个锁保护"),
         "rec.evict": Label("evict {value}", "驱逐 {value}"),
         "rec.nothing_to_do": Label("nothing to do", "无事可做"),
@@ -362,15 +363,21 @@ def _patterns() -> tuple[dict[str, str], tuple[_Pattern, ...]]:
     fixed: dict[str, str] = {}
     patterns = []
     for key, label in CATALOG.items():
-        for english in {label.en, label.en_other or label.en}:
+        for english in dict.fromkeys((label.en, label.en_other or label.en)):
             parts = list(string.Formatter().parse(english))
-            names = tuple(name for _, name, _, _ in parts if name)
+            names = tuple(dict.fromkeys(name for _, name, _, _ in parts if name))
             if not names:
                 fixed.setdefault(english, key)
                 continue
-            regex = "".join(re.escape(literal) + (_field_regex(name) if name else "") for literal, name, _, _ in parts)
-            literal = sum(len(lit) for lit, _, _, _ in parts)
-            patterns.append(_Pattern(key, re.compile(regex, re.DOTALL), names, literal))
+            seen: set[str] = set()
+            regex = ""
+            for fixed_text, name, _, _ in parts:
+                regex += re.escape(fixed_text)
+                if name:
+                    regex += f"(?P={name})" if name in seen else _field_regex(name)
+                    seen.add(name)
+            length = sum(len(fixed_text) for fixed_text, _, _, _ in parts)
+            patterns.append(_Pattern(key, re.compile(regex, re.DOTALL), names, length))
     patterns.sort(key=lambda p: -p.literal)
     return fixed, tuple(patterns)
 
@@ -380,6 +387,8 @@ def _field_regex(name: str) -> str:
         return rf"(?P<{name}>-?[\d,.]+)"
     if name == "words":
         return rf"(?P<{name}>[^\]]*)"
+    if name == "value":  # a repr, in a head that a ": " may follow
+        return rf"(?P<{name}>[^:;]+)"
     return rf"(?P<{name}>.+?)"
 
 
@@ -436,16 +445,22 @@ def _split_list(value: str, name: str) -> list[str]:
 
 # -- the zh edition's pages ----------------------------------------------------------------------
 
+# Where a built page holds a drawing's words: each pattern's groups are (before, words, after).
 _SVG_TEXT = re.compile(r"(<text\b[^>]*>)([^<]*)(</text>)")
-_SVG_TITLE = re.compile(r"(<title>)([^<]*)(</title>)")
-_CAPTION = re.compile(r'(<figcaption class="mkp-caption">)(\d+\. )?([^<]*)(</figcaption>)')
-_DETAILS = re.compile(r'(<div class="mkp-details">)([^<]*)(</div>)')
-_FONT_FAMILY_ATTR = re.compile(r'font-family="([^"]*)"')
+_IN_MARKUP = (
+    re.compile(r"(<title>)([^<]*)(</title>)"),  # an SVG node's tooltip
+    re.compile(r'(<figcaption class="mkp-caption">(?:\d+\. )?)([^<]*)(</figcaption>)'),  # after the frame number
+    re.compile(r'(<div class="mkp-details">)([^<]*)(</div>)'),
+)
+_IN_ATTRIBUTES = (re.compile(r'(xlink:title=")([^"]*)(")'),)  # graphviz's tooltips
 
 
 def player_fragments(lang: str) -> list[str]:
     """The fixed pieces of a player's HTML and script that hold words, in ``lang`` (see player.py)."""
-    t: Callable[[str], str] = lambda key: html.escape(text(key, lang=lang))  # noqa: E731
+
+    def t(key: str) -> str:
+        return html.escape(text(key, lang=lang))
+
     return [
         f'title="{t("player.prev_title")}">&#9664; {t("player.prev")}</button>',
         f'title="{t("player.play_title")}">&#9654; {t("player.play")}</button>',
@@ -459,55 +474,41 @@ def player_fragments(lang: str) -> list[str]:
 def translate_html(page: str, lang: str = "zh") -> str:
     """A built page (or an SVG file) with every label of its drawings, players and plots in ``lang``.
 
-    SVG ``<text>`` and ``<title>`` elements, a player's captions, details, buttons and script are
-    read through :func:`translate`; text that is not a label (token words, user titles, code) stays.
-    SVG text that changed gets :data:`CJK_FONT_FAMILY` behind its own fonts.
+    SVG ``<text>`` elements and tooltips, a player's captions, details, buttons and script are
+    read through :func:`translate`; text that is not a label (token words, a notebook's own
+    titles, code) stays byte for byte. SVG text that changed gets :data:`CJK_FONT_FAMILY`
+    after its own fonts.
     """
     _checked(lang)
     if lang == "en":
         return page
 
-    def one(match: re.Match[str]) -> str:
-        start, body, end = match.group(1), match.group(2), match.group(3)
-        translated = _escape_like(body, translate(html.unescape(body), lang))
-        if translated == body:
+    def relabel(match: re.Match[str], attribute: bool = False, font: bool = False) -> str:
+        before, body, after = match.groups()
+        plain = html.unescape(body).replace("\xa0", " ")  # graphviz writes a double space as "&#160; "
+        translated = translate(plain, lang)
+        if translated == plain:
             return match.group(0)
-        return _with_cjk_font(start) + translated + end
+        return (_with_cjk_font(before) if font else before) + html.escape(translated, quote=attribute) + after
 
-    page = _SVG_TEXT.sub(one, page)
-    page = _SVG_TITLE.sub(
-        lambda m: m.group(1) + _escape_like(m.group(2), translate(html.unescape(m.group(2)), lang)) + m.group(3), page
-    )
-    page = _CAPTION.sub(
-        lambda m: (
-            m.group(1)
-            + (m.group(2) or "")
-            + _escape_like(m.group(3), translate(html.unescape(m.group(3)), lang))
-            + m.group(4)
-        ),
-        page,
-    )
-    page = _DETAILS.sub(
-        lambda m: m.group(1) + _escape_like(m.group(2), translate(html.unescape(m.group(2)), lang)) + m.group(3), page
-    )
+    page = _SVG_TEXT.sub(lambda m: relabel(m, font=True), page)
+    for pattern in _IN_MARKUP:
+        page = pattern.sub(relabel, page)
+    for pattern in _IN_ATTRIBUTES:
+        page = pattern.sub(lambda m: relabel(m, attribute=True), page)
     for english, chinese in zip(player_fragments("en"), player_fragments(lang), strict=True):
         page = page.replace(english, chinese)
     return page
 
 
-def _escape_like(original: str, translated: str) -> str:
-    """Escape ``translated`` for the markup ``original`` came from (unchanged text stays byte for byte)."""
-    if translated == html.unescape(original):
-        return original
-    return html.escape(translated, quote=False)
-
-
 def _with_cjk_font(tag: str) -> str:
-    """An SVG ``<text>`` start tag whose font list ends with the Chinese fonts (graphviz and matplotlib)."""
+    """An SVG ``<text>`` start tag whose font list ends with the Chinese fonts.
+
+    graphviz writes ``font-family="Helvetica,sans-Serif"``, matplotlib (text kept as text)
+    ``style="font-size: 8px; font-family: 'DejaVu Sans', ..."``; a tag with neither gets the attribute.
+    """
     if "font-family=" in tag:
-        return _FONT_FAMILY_ATTR.sub(
-            lambda m: f'font-family="{m.group(1)},{CJK_FONT_FAMILY.replace(chr(39), "")}"', tag, 1
-        )
-    if "font:" in tag or "font-family:" in tag:
-        return re.sub(r"(font(?:-family)?:[^;\"]*)", lambda m: f"{m.group(1)}, {CJK_FONT_FAMILY}", tag, count=1)
-    return tag.replace("<text", f'<text font-family="{CJK_FONT_FAMILY.replace(chr(39), "")}"', 1)
+        return re.sub(r'font-family="([^"]*)"', lambda m: f'font-family="{m.group(1)},{CJK_FONT_FAMILY}"', tag, count=1)
+    if "font-family:" in tag:
+        return re.sub(r"(font-family:[^;\"]*)", lambda m: f"{m.group(1)}, {CJK_FONT_FAMILY}", tag, count=1)
+    return tag.replace("<text", f'<text font-family="{CJK_FONT_FAMILY}"', 1)
