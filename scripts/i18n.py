@@ -68,6 +68,10 @@ ZH_SEARCH_TEXT = "搜索本书……"
 # "source" or "outputs", so the Chinese names what is hidden without it.
 ZH_CODE_PROMPT_SHOW = "显示单元格内容"
 ZH_CODE_PROMPT_HIDE = "隐藏单元格内容"
+# sphinx-togglebutton's hint on a hidden answer ("Click to show"): it picks its words when it is
+# loaded, before Sphinx knows the language, so the zh build names them (its own zh-cn catalog's).
+ZH_TOGGLE_HINT_SHOW = "点击显示"
+ZH_TOGGLE_HINT_HIDE = "点击隐藏"
 
 # -- building with jupyter-book's configuration ------------------------------------------------
 
@@ -116,6 +120,8 @@ def zh_overrides() -> dict[str, object]:
         "html_theme_options": {"search_bar_text": ZH_SEARCH_TEXT},
         "nb_code_prompt_show": ZH_CODE_PROMPT_SHOW,
         "nb_code_prompt_hide": ZH_CODE_PROMPT_HIDE,
+        "togglebutton_hint": ZH_TOGGLE_HINT_SHOW,
+        "togglebutton_hint_hide": ZH_TOGGLE_HINT_HIDE,
     }
     base = english_baseurl()
     if base:
