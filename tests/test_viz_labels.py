@@ -29,6 +29,7 @@ from minikv.viz import (
     get_language,
     plot_hit_rate,
     plot_lifecycle,
+    plot_recomputed,
     plot_sizes,
     set_language,
     storage,
@@ -136,6 +137,7 @@ def pictures() -> dict[str, list[str]]:
     figures = [
         plot_sizes(rec), plot_sizes(paged), storage.draw_layouts(caches[:1], layer=1, page=2),
         storage.draw_slots(caches[0], highlight=[0]), storage.draw_head_split(caches),
+        plot_recomputed({"chat": [[1, 2, 3], [1, 2, 4]]}, {"chat": [0, 2]}),
     ]  # fmt: skip
     player = rec.player().html
     return {

@@ -39,7 +39,7 @@ from . import storage
 from .engine import EngineDrawing, draw_engine
 from .labels import get_language, set_language
 from .player import FramePlayer, PlayerFrame
-from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_sizes
+from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_recomputed, plot_sizes
 from .recorder import Frame, TreeRecorder
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
 from .tree import GraphvizMissingError, TreeDrawing, draw_pool, draw_snapshot, draw_tree, node_id, render_svg
@@ -68,6 +68,7 @@ __all__ = [
     "plot_hit_rate",
     "plot_hit_rate_sweep",
     "plot_lifecycle",
+    "plot_recomputed",
     "plot_sizes",
     "render_svg",
     "set_language",

@@ -1,6 +1,7 @@
 """Matplotlib pictures of what the cache did: a request's seven steps, slot counts over a replay, hit rates.
 
-:func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
+:func:`plot_recomputed` draws the prompt tokens each request recomputes, with and without a prefix
+cache (chapter 4). :func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
 (:func:`minikv.course.workloads.hit_rate_sweep`), with the no-eviction rate as a dashed line.
 
 Every function draws from recorded values only (a request's ``trace``, a
@@ -190,6 +191,37 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
+    return fig
+
+
+def plot_recomputed(prompts: Mapping[str, Sequence[Any]], cached: Mapping[str, Sequence[int]]) -> Figure:
+    """Per workload, the prompt tokens each request recomputes: all of them with no cache, the uncached part with one.
+
+    ``prompts`` maps a workload's name to its requests' token ids, in the order they were served;
+    ``cached`` maps the same names to each request's cached length (``cached_len``) under a prefix
+    cache. One panel per workload: the no-cache line is the prompt length, the cached line the
+    prompt length minus what the cache supplied.
+    """
+    if not isinstance(prompts, Mapping) or not isinstance(cached, Mapping) or not prompts:
+        raise ArgumentTypeError("prompts and cached must be non-empty mappings from a workload name")
+    if list(prompts) != list(cached):
+        raise ArgumentError(f"cached must have the workloads of prompts, in order: {list(prompts)}")
+    lengths, uncached = {}, {}
+    for name, requests in prompts.items():
+        lengths[name] = [len(ids) for ids in requests]
+        if len(cached[name]) != len(requests):
+            raise ArgumentError(f"cached[{name!r}]: {len(cached[name])} lengths for {len(requests)} requests")
+        uncached[name] = [n - int(c) for n, c in zip(lengths[name], cached[name], strict=True)]
+    fig, axes = plt.subplots(1, len(prompts), FigureClass=TextFigure, figsize=(7.5, 2.8), squeeze=False)
+    plt.close(fig)
+    for ax, name in zip(axes[0], prompts, strict=True):
+        ax.plot(lengths[name], lw=0.8, label=text("plot.no_cache_line"))
+        ax.plot(uncached[name], lw=0.8, label=text("plot.radix_line"))
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(text("plot.request_axis"))
+    axes[0][0].set_ylabel(text("plot.recomputed"))
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
 
 
