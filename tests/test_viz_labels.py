@@ -39,7 +39,7 @@ from minikv.viz.tree import STATE_WORDS
 
 # Words that are code or units, the same in both editions (identifiers, class names, dtypes).
 CODE_WORDS = {
-    "token", "ref_count", "tp_size", "page_size", "rank", "kv_buffer", "strides", "k_cache", "store_kv", "match_prefix",
+    "token", "ref_count", "tp_size", "page_size", "rank", "kv_buffer", "k_cache", "store_kv", "match_prefix",
     "lock_handle", "insert_prefix", "allocate", "evict_from", "cache", "free", "evict", "req_to_token", "PagePool",
     "LayerFirst", "PageFirst", "MHAKVCache", "RadixCacheManager", "TinyDecoder", "Engine", "float32", "KV", "LRU",
     "MiB",

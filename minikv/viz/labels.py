@@ -82,7 +82,9 @@ _NUMBER_FIELDS = frozenset(
      "num_heads", "waiting", "running", "finished", "steps", "prefill", "decode", "rows", "max_running", "layers",
      "pages", "slots_per_page", "dims", "query_heads", "kv_heads"}
 )  # fmt: skip
-_LITERAL_FIELDS = frozenset({"words", "error", "value", "label", "sign", "slots_text", "name", "size", "kind"})
+_LITERAL_FIELDS = frozenset(
+    {"words", "error", "value", "label", "sign", "slots_text", "name", "size", "kind", "shape", "strides"}
+)
 _OPTIONAL_FIELDS = frozenset({"track"})
 """Fields translated when they are a label and kept as they are when not (``k_cache(1)`` is code)."""
 _LIST_FIELDS = {"parts": ("; ", "；"), "items": (", ", "、")}
@@ -263,6 +265,9 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "plot.pool_size_log": Label("pool size (slots, log scale)", "页池大小（槽位，对数坐标）"),
         "plot.sweep_title": Label("Hit rate against pool size (LRU eviction)", "命中率与页池大小（LRU 驱逐）"),
         # -- storage pictures (storage.py) -----------------------------------------------------------------
+        "storage.buffer": Label(
+            "{value}: kv_buffer {shape}, strides {strides}", "{value}：kv_buffer {shape}，步长 {strides}"
+        ),
         "storage.layer": Label("layer {layer}", "第 {layer} 层"),
         "storage.layouts_title": Label(
             "The one K/V allocation in memory order (x = element offset)",

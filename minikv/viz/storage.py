@@ -351,7 +351,8 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     ax.set_title(
-        f"{cache.kv_layout.name}: kv_buffer {tuple(cache.kv_buffer.shape)}, strides {cache.kv_buffer.stride()}",
+        text("storage.buffer", value=cache.kv_layout.name, shape=tuple(cache.kv_buffer.shape),
+             strides=cache.kv_buffer.stride()),
         fontsize=8, loc="left",
     )  # fmt: skip
 
