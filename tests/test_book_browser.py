@@ -298,24 +298,31 @@ def drawn_texts(page, url: str) -> dict[str, list[str]]:  # type: ignore[no-unty
     return {"players": players, "images": images}
 
 
-def test_chinese_chapter_5_draws_in_chinese(page, server: str) -> None:
-    """zh chapter 5: no label of minikv.viz.labels left in English in a player, a tree or a plot.
+@pytest.mark.parametrize("name", ["book/03_storage", "book/04_naive", "book/05_radix"])
+def test_chinese_chapters_draw_in_chinese(page, server: str, name: str) -> None:
+    """zh chapters 3-5: no label of minikv.viz.labels left in English in a player, a tree or a plot.
 
     A text the catalog can still translate is an English label the zh build missed; titles and
     notes a notebook writes itself, token words and exception messages are not labels.
     """
     from minikv.viz.labels import translate
 
+    def untranslated(text: str) -> bool:
+        plain = " ".join(text.split())
+        return translate(plain) != plain
+
     zh = edition_root(server, "zh")
-    english = drawn_texts(page, f"{server}/book/05_radix.html")
-    chinese = drawn_texts(page, f"{zh}/book/05_radix.html")
-    for kind in ("players", "images"):
+    english = drawn_texts(page, f"{server}/{name}.html")
+    chinese = drawn_texts(page, f"{zh}/{name}.html")
+    kinds = ("players", "images") if name == "book/05_radix" else ("images",)
+    for kind in kinds:
         assert english[kind] and len(chinese[kind]) == len(english[kind]), kind
-        assert any(translate(" ".join(t.split())) != " ".join(t.split()) for t in english[kind]), kind
-        left = sorted({t for t in chinese[kind] if translate(" ".join(t.split())) != " ".join(t.split())})
-        assert left == [], f"zh/book/05_radix: {kind} still show English labels {left[:10]}"
-    page.goto(f"{zh}/book/05_radix.html", wait_until="load")
-    assert page.evaluate("[toggleHintShow, toggleHintHide]") == ["点击显示", "点击隐藏"]  # sphinx-togglebutton's
-    joined = " ".join(chinese["players"] + chinese["images"])
-    for word in ("受保护", "可驱逐", "槽位", "命中率", "播放"):
-        assert word in joined, f"zh/book/05_radix: no {word!r} in its pictures"
+        assert any(untranslated(t) for t in english[kind]), f"{name}: no label found in its {kind}"
+        left = sorted({t for t in chinese[kind] if untranslated(t)})
+        assert left == [], f"zh/{name}: {kind} still show English labels {left[:10]}"
+    if name == "book/05_radix":
+        page.goto(f"{zh}/{name}.html", wait_until="load")
+        assert page.evaluate("[toggleHintShow, toggleHintHide]") == ["点击显示", "点击隐藏"]  # sphinx-togglebutton's
+        joined = " ".join(chinese["players"] + chinese["images"])
+        for word in ("受保护", "可驱逐", "槽位", "命中率", "播放"):
+            assert word in joined, f"zh/{name}: no {word!r} in its pictures"

@@ -23,7 +23,8 @@ Fonts: SVG text is drawn by the reader's browser, which finds a Chinese font
 among the system's (Windows, macOS, Android, ChromeOS and most Linux desktops
 have one); :data:`CJK_FONT_FAMILY` lists the usual ones first. Nothing is
 fetched from a CDN. Matplotlib figures display as SVG with their text kept as
-text for the same reason (see :mod:`minikv.viz.plots`).
+text for the same reason (see :mod:`minikv.viz.figure`); on Colab the
+reader's own browser draws them, so a Colab runtime needs no Chinese font.
 """
 
 from __future__ import annotations
