@@ -70,6 +70,10 @@ ZH_CODE_PROMPT_SHOW = "显示单元格内容"
 ZH_CODE_PROMPT_HIDE = "隐藏单元格内容"
 # Where the zh edition's launch buttons point: the Chinese Colab copies (the English: colab/).
 ZH_COLAB_FOLDER = "colab/zh"
+# sphinx-togglebutton's hint on a hidden answer ("Click to show"): it picks its words when it is
+# loaded, before Sphinx knows the language, so the zh build names them (its own zh-cn catalog's).
+ZH_TOGGLE_HINT_SHOW = "点击显示"
+ZH_TOGGLE_HINT_HIDE = "点击隐藏"
 
 # -- building with jupyter-book's configuration ------------------------------------------------
 
@@ -119,6 +123,8 @@ def zh_overrides() -> dict[str, object]:
         "html_theme_options": {"search_bar_text": ZH_SEARCH_TEXT, "path_to_docs": ZH_COLAB_FOLDER},
         "nb_code_prompt_show": ZH_CODE_PROMPT_SHOW,
         "nb_code_prompt_hide": ZH_CODE_PROMPT_HIDE,
+        "togglebutton_hint": ZH_TOGGLE_HINT_SHOW,
+        "togglebutton_hint_hide": ZH_TOGGLE_HINT_HIDE,
     }
     base = english_baseurl()
     if base:

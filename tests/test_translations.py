@@ -213,3 +213,25 @@ def test_the_zh_edition_names_collapsed_cells_in_chinese() -> None:
     if built.exists():  # after `make book`
         html = built.read_text(encoding="utf-8")
         assert "显示单元格内容" in html and "Show code cell" not in html
+
+
+def test_the_zh_build_translates_drawings_and_names_the_answer_hint(tmp_path: Path) -> None:
+    """_ext/zh_drawings.py: after the zh build, pages and SVG images carry Chinese labels."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    import zh_drawings
+
+    overrides = i18n.zh_overrides()
+    assert (overrides["togglebutton_hint"], overrides["togglebutton_hint_hide"]) == ("点击显示", "点击隐藏")
+    (tmp_path / "_images").mkdir()
+    svg = '<svg><text font-family="Helvetica,sans-Serif">just inserted</text><text>Hello</text></svg>'
+    (tmp_path / "_images" / "tree.svg").write_text(svg, encoding="utf-8")
+    page = '<p>just inserted</p><figcaption class="mkp-caption">3. nothing to do</figcaption>'
+    (tmp_path / "page.html").write_text(page, encoding="utf-8")
+    (tmp_path / "other.html").write_text("<p>no drawing here</p>", encoding="utf-8")
+    assert zh_drawings.translate_outputs(tmp_path) == 2
+    assert ">刚插入</text><text>Hello</text>" in (tmp_path / "_images" / "tree.svg").read_text(encoding="utf-8")
+    translated = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert translated == '<p>just inserted</p><figcaption class="mkp-caption">3. 无事可做</figcaption>'
+    built = REPO / "_build" / "html" / "zh" / "book" / "05_radix.html"
+    if built.exists():  # after `make book`
+        assert "受保护" in built.read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ from minikv.viz import (
     TreeRecorder,
     plot_hit_rate,
     plot_lifecycle,
+    plot_recomputed,
     plot_sizes,
 )
 
@@ -51,3 +52,19 @@ def test_plot_arguments_are_checked(scenario: TreeRecorder) -> None:
         plot_lifecycle(one_request(), labels=["a", "b"])
     with pytest.raises(ArgumentError, match="empty"):
         plot_hit_rate([])
+
+
+def test_plot_recomputed_draws_prompt_and_uncached_lengths() -> None:
+    prompts = {"chat": [[1, 2, 3], [1, 2, 3, 4, 5]], "one-off": [[7, 8]]}
+    fig = plot_recomputed(prompts, {"chat": [0, 3], "one-off": [0]})
+    chat, one_off = fig.axes
+    assert [list(line.get_ydata()) for line in chat.get_lines()] == [[3, 5], [3, 2]]
+    assert [list(line.get_ydata()) for line in one_off.get_lines()] == [[2], [2]]
+    assert [chat.get_title(), one_off.get_title()] == ["chat", "one-off"]
+    assert fig._repr_svg_() == plot_recomputed(prompts, {"chat": [0, 3], "one-off": [0]})._repr_svg_()
+    with pytest.raises(ArgumentError, match="cached"):
+        plot_recomputed(prompts, {"one-off": [0], "chat": [0, 3]})
+    with pytest.raises(ArgumentError, match="cached"):
+        plot_recomputed(prompts, {"chat": [0], "one-off": [0]})
+    with pytest.raises(ArgumentTypeError):
+        plot_recomputed({}, {})

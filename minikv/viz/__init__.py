@@ -26,12 +26,18 @@ Draw a serving run, one row per request (waiting, prefill chunks, decode, preemp
     engine.generate(prompts, 8)
     timeline                                    # shown as SVG in a notebook; timeline.svg() is the text
 
+Draw in Chinese (the labels, legends, captions and buttons; token words stay as they are)::
+
+    from minikv.viz import set_language
+    set_language("zh")          # "en" (the default) goes back; the words live in minikv.viz.labels
+
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
 :mod:`~minikv.viz.timeline` (a serving run, one row per request),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate),
 :mod:`~minikv.viz.scheduler` (requests over steps, measures side by side, the slot
-table a kernel walks) and :mod:`~minikv.viz.storage` (storage-layer pictures). The snapshot they all
+table a kernel walks), :mod:`~minikv.viz.storage` (storage-layer pictures) and
+:mod:`~minikv.viz.labels` (every word they draw, in English and Chinese). The snapshot they all
 draw from is :mod:`minikv.snapshot`; ``Vocab`` lives in :mod:`minikv.course.vocab`.
 """
 
@@ -39,8 +45,9 @@ from ..course.vocab import Vocab  # re-exported: the book's examples import it f
 from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
 from . import storage
 from .engine import EngineDrawing, draw_engine
+from .labels import get_language, set_language
 from .player import FramePlayer, PlayerFrame
-from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_sizes
+from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_recomputed, plot_sizes
 from .recorder import Frame, TreeRecorder
 from .scheduler import draw_slot_table, plot_measures, plot_request_states
 from .storage import *  # noqa: F403  (its __all__ lists its public names)
@@ -64,6 +71,7 @@ __all__ = [
     "TreeSnapshot",
     "Vocab",
     "diff_snapshots",
+    "get_language",
     "draw_engine",
     "draw_pool",
     "draw_slot_table",
@@ -76,8 +84,10 @@ __all__ = [
     "plot_lifecycle",
     "plot_measures",
     "plot_request_states",
+    "plot_recomputed",
     "plot_sizes",
     "record_timeline",
     "render_svg",
+    "set_language",
     *storage.__all__,
 ]

@@ -14,6 +14,7 @@ import graphviz
 
 from ..engine import Engine
 from ..errors import ArgumentTypeError
+from .labels import text
 from .tree import render_svg
 
 _BOX = {"shape": "box", "style": "rounded,filled", "fontname": "Helvetica", "fontsize": "11", "margin": "0.15,0.08"}
@@ -58,39 +59,42 @@ def draw_engine(engine: Engine, *, title: str | None = None) -> EngineDrawing:
     size = cache.size_info
     rows_in_use = sum(1 for request in engine.running if request.row >= 0)
     k0 = kv_cache.k_cache(0)
+    dtype = str(kv_cache.dtype).replace("torch.", "")
     boxes = {
         "engine": (
-            "Engine (the scheduler)",
-            f"waiting {len(engine.waiting)}  |  running {len(engine.running)}  |  finished {len(engine.finished)}",
-            f"after {engine.stats.steps} steps: {engine.stats.prefill_batches} prefill, "
-            f"{engine.stats.decode_batches} decode",
+            text("engine.head"),
+            text("engine.queues", waiting=len(engine.waiting), running=len(engine.running),
+                 finished=len(engine.finished)),
+            text("engine.steps", steps=engine.stats.steps, prefill=engine.stats.prefill_batches,
+                 decode=engine.stats.decode_batches),
         ),
         "cache": (
-            f"cache manager ({type(cache).__name__})",
-            f"tree holds {size.total_size} slots",
-            f"{size.protected_size} locked, {size.evictable_size} evictable",
+            text("engine.cache_head", name=type(cache).__name__),
+            text("engine.tree_holds", total=size.total_size),
+            text("engine.tree_split", protected=size.protected_size, evictable=size.evictable_size),
         ),
         "pool": (
             "PagePool",
-            f"{pool.num_free_slots} of {pool.num_slots} slots free",
-            f"pages of {pool.page_size} slot{'s' if pool.page_size > 1 else ''}",
+            text("engine.pool_free", free=pool.num_free_slots, total=pool.num_slots),
+            text("engine.pages_of", count=pool.page_size),
         ),
         "table": (
             "req_to_token",
-            f"{rows_in_use} of {engine.max_running} rows in use",
-            "one row of slots per running request",
+            text("engine.rows", rows=rows_in_use, max_running=engine.max_running),
+            text("engine.row_each"),
         ),
         "storage": (
-            f"{type(kv_cache).__name__} (K/V storage)",
-            f"{kv_cache.num_layers} layers x {k0.shape[0]} pages x {k0.shape[1]} slots",
-            f"{k0.shape[2]} KV heads x {k0.shape[3]} dims, {str(kv_cache.dtype).replace('torch.', '')}",
+            text("engine.storage_head", name=type(kv_cache).__name__),
+            text("engine.storage_shape", layers=kv_cache.num_layers, pages=k0.shape[0], slots_per_page=k0.shape[1]),
+            text("engine.storage_heads", heads=k0.shape[2], dims=k0.shape[3], kind=dtype),
         ),
         "model": (
-            f"{type(model).__name__} (the model)",
-            f"{model.num_layers} layers, {model.num_heads} query / {model.num_kv_heads} KV heads",
-            "prefill, decode: attention reads K/V by slot",
+            text("engine.model_head", name=type(model).__name__),
+            text("engine.model_shape", layers=model.num_layers, query_heads=model.num_heads,
+                 kv_heads=model.num_kv_heads),
+            text("engine.model_reads"),
         ),
-    }
+    }  # fmt: skip
     summary = (
         f"{len(engine.waiting)} waiting, {len(engine.running)} running, {len(engine.finished)} finished; "
         f"tree {size.total_size} slots, pool {pool.num_free_slots} free"
@@ -105,11 +109,11 @@ def draw_engine(engine: Engine, *, title: str | None = None) -> EngineDrawing:
     edges = [
         ("engine", "cache", "match_prefix, lock_handle,\ninsert_prefix"),
         ("engine", "pool", "allocate(evict_from=cache),\nfree"),
-        ("pool", "cache", "evict (when short)"),
-        ("engine", "table", "a row per request"),
-        ("engine", "model", "prefill / decode batches"),
-        ("table", "model", "the batch's slots"),
-        ("model", "storage", "store_kv, then read by slot"),
+        ("pool", "cache", text("engine.evict_edge")),
+        ("engine", "table", text("engine.row_edge")),
+        ("engine", "model", text("engine.batches_edge")),
+        ("table", "model", text("engine.slots_edge")),
+        ("model", "storage", text("engine.store_edge")),
     ]
     for tail, head, label in edges:
         drawing.edge(tail, head, label=label, fontname="Helvetica", fontsize="9")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError, ArgumentTypeError
+from .labels import get_language, player_fragments, text
 from .tree import render_svg
 
 
@@ -71,11 +72,15 @@ class FramePlayer:
         self.title = title
         self.interval_ms = interval_ms
         self.open_at = open_at
+        self.language = get_language()
+        """The language of the controls (:func:`~minikv.viz.labels.set_language` when the player was made)."""
         digest = hashlib.sha1()
         parts = (x for i, f in enumerate(self.frames) for x in (f.svg, self.caption(i), f.details))
         for part in (title or "", str(interval_ms), str(open_at), *parts):
             digest.update(part.encode("utf-8"))
             digest.update(b"\0")
+        if self.language != "en":  # English ids stay what they were
+            digest.update(self.language.encode())
         self.player_id = "minikv-player-" + digest.hexdigest()[:12]
         self.html = self._build()
 
@@ -97,9 +102,10 @@ class FramePlayer:
     def save(self, path: str | Path) -> Path:
         """Write a standalone HTML page holding the player (open it in any browser)."""
         path = Path(path)
-        title = html.escape(self.title or "minikv frames")
+        title = html.escape(self.title or text("player.page_title", lang=self.language))
+        lang = "zh-CN" if self.language == "zh" else "en"
         page = (
-            f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>\n'
+            f'<!DOCTYPE html>\n<html lang="{lang}"><head><meta charset="utf-8"><title>{title}</title></head>\n'
             f"<body>\n{self.html}\n</body></html>\n"
         )
         path.write_text(page, encoding="utf-8")
@@ -112,17 +118,18 @@ class FramePlayer:
         n = len(self.frames)
         figures = "\n".join(self._figure(i, f) for i, f in enumerate(self.frames))
         title = f'<div class="mkp-title">{html.escape(self.title)}</div>' if self.title else ""
+        prev, play, next_, frame, *_ = player_fragments(self.language)
         return (
             f'<div class="minikv-player" id="{pid}" data-minikv-player="{pid}" data-frames="{n}" tabindex="0">\n'
             f"<style>{_CSS}</style>\n{title}"
             f'<div class="mkp-controls" style="display:none">'
-            f'<button type="button" class="mkp-prev" title="previous frame (left arrow)">&#9664; prev</button>'
-            f'<button type="button" class="mkp-play" title="play / pause">&#9654; play</button>'
-            f'<button type="button" class="mkp-next" title="next frame (right arrow)">next &#9654;</button>'
+            f'<button type="button" class="mkp-prev" {prev}'
+            f'<button type="button" class="mkp-play" {play}'
+            f'<button type="button" class="mkp-next" {next_}'
             f'<input type="range" class="mkp-slider" min="0" max="{n - 1}" value="{self.open_at}" step="1" '
-            f'aria-label="frame"><span class="mkp-counter">{self.open_at + 1} / {n}</span></div>\n'
+            f'{frame}><span class="mkp-counter">{self.open_at + 1} / {n}</span></div>\n'
             f'<div class="mkp-frames">\n{figures}\n</div>\n'
-            f"<script>{_script(pid, self.interval_ms, self.open_at)}</script>\n"
+            f"<script>{_script(pid, self.interval_ms, self.open_at, self.language)}</script>\n"
             f"</div>"
         )
 
@@ -223,11 +230,11 @@ _SCRIPT = """
     }
     function stop() {
       if (timer !== null) { clearInterval(timer); timer = null; }
-      play.innerHTML = "&#9654; play";
+      __STOP__
     }
     function start() {
       if (current === frames.length - 1) { show(0); }
-      play.innerHTML = "&#10074;&#10074; pause";
+      __START__
       timer = setInterval(function () {
         if (current >= frames.length - 1) { stop(); } else { show(current + 1); }
       }, __INTERVAL__);
@@ -248,5 +255,12 @@ _SCRIPT = """
 """
 
 
-def _script(pid: str, interval_ms: int, open_at: int) -> str:
-    return _SCRIPT.replace("__PID__", pid).replace("__INTERVAL__", str(interval_ms)).replace("__OPEN__", str(open_at))
+def _script(pid: str, interval_ms: int, open_at: int, language: str = "en") -> str:
+    *_, stopped, started = player_fragments(language)
+    return (
+        _SCRIPT.replace("__PID__", pid)
+        .replace("__INTERVAL__", str(interval_ms))
+        .replace("__OPEN__", str(open_at))
+        .replace("__STOP__", stopped)
+        .replace("__START__", started)
+    )

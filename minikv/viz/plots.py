@@ -1,6 +1,7 @@
 """Matplotlib pictures of what the cache did: a request's seven steps, slot counts over a replay, hit rates.
 
-:func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
+:func:`plot_recomputed` draws the prompt tokens each request recomputes, with and without a prefix
+cache (chapter 4). :func:`plot_hit_rate_sweep` draws the hit rate of one request stream against the pool size
 (:func:`minikv.course.workloads.hit_rate_sweep`), with the no-eviction rate as a dashed line.
 
 Every function draws from recorded values only (a request's ``trace``, a
@@ -28,6 +29,8 @@ from matplotlib.ticker import PercentFormatter
 from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
 from ..snapshot import VocabLike, token_namer, words
+from .figure import TextFigure
+from .labels import text
 from .recorder import Frame, TreeRecorder
 from .tree import LOOKS
 
@@ -41,6 +44,8 @@ PHASES = {
     7: ("finish", "#32d583"),
 }
 """Step number -> (phase, colour). Step 6 runs between admission and finish, as in a real server."""
+
+_PHASE_LABELS = {"admit": "plot.admit", "forward pass": "plot.forward", "finish": "plot.finish"}
 
 BAND_COLOURS = {
     "protected": "#f97066",
@@ -61,7 +66,7 @@ def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab:
     reqs = _requests(requests)
     names = _labels(reqs, labels, vocab)
     width = max(3, max(len(r.trace) for r in reqs))
-    fig, ax = plt.subplots(figsize=(1.55 * width + 2.2, 1.05 * len(reqs) + 1.3))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(1.55 * width + 2.2, 1.05 * len(reqs) + 1.3))
     plt.close(fig)
     for row, request in enumerate(reqs):
         y = len(reqs) - 1 - row
@@ -82,12 +87,14 @@ def plot_lifecycle(requests: Any, *, labels: Sequence[str] | None = None, vocab:
     ax.set_yticklabels(list(reversed(names)))
     ax.set_xticks([i + 0.5 for i in range(width)])
     ax.set_xticklabels([f"{i + 1}" for i in range(width)])
-    ax.set_xlabel("order in which the steps ran")
-    ax.set_title("The request lifecycle (box numbers are the notes' seven steps)")
+    ax.set_xlabel(text("plot.lifecycle_x"))
+    ax.set_title(text("plot.lifecycle_title"))
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     ax.tick_params(axis="y", length=0)
-    handles = [Patch(facecolor=c, edgecolor="#344054", label=p) for p, c in dict(PHASES.values()).items()]
+    handles = [
+        Patch(facecolor=c, edgecolor="#344054", label=text(_PHASE_LABELS[p])) for p, c in dict(PHASES.values()).items()
+    ]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(reqs) < 3 else -0.12),
               ncol=3, frameon=False, fontsize=8)  # fmt: skip
     fig.tight_layout()
@@ -111,18 +118,21 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
         raise ArgumentError(f"num_slots must be a non-negative int, got {num_slots!r}")
     protected = [i.protected_size for i in infos]
     evictable = [i.evictable_size for i in infos]
-    bands: list[tuple[str, list[int]]] = [("protected (locked)", protected), ("evictable", evictable)]
+    bands: list[tuple[str, list[int]]] = [
+        (text("plot.band_protected"), protected),
+        (text("plot.band_evictable"), evictable),
+    ]
     if frees is not None and num_slots is not None:
         held = [num_slots - f - i.total_size for f, i in zip(frees, infos, strict=True)]
         if min(held) < 0:
             raise ArgumentError(f"num_slots: {num_slots} is smaller than cached + free slots in some frame")
-        bands.append(("held by running requests", held))
+        bands.append((text("plot.band_requests"), held))
     if frees is not None:
-        bands.append(("free in the pool", list(frees)))
+        bands.append((text("plot.band_free"), list(frees)))
     colours = [BAND_COLOURS["protected"], BAND_COLOURS["evictable"], BAND_COLOURS["requests"], BAND_COLOURS["free"]]
     if len(bands) == 3:  # no request band: free takes the last colour
         colours = colours[:2] + colours[3:]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(infos) + 2.5), 3.6))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(max(6.0, 0.32 * len(infos) + 2.5), 3.6))
     plt.close(fig)
     x = list(range(len(infos)))
     bottom = [0] * len(infos)
@@ -131,12 +141,12 @@ def plot_sizes(source: Any, *, num_slots: int | None = None) -> Figure:
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     if ops is not None and len(ops) <= 40:
         ax.set_xticks(x)
-        ax.set_xticklabels(ops, rotation=60, ha="right", fontsize=8)
-        ax.set_xlabel("frame (operation)")
+        ax.set_xticklabels([text(f"op.{op}") for op in ops], rotation=60, ha="right", fontsize=8)
+        ax.set_xlabel(text("plot.frame_op"))
     else:
-        ax.set_xlabel("frame")
-    ax.set_ylabel("slots")
-    ax.set_title("Where the slots are after each operation")
+        ax.set_xlabel(text("plot.frame"))
+    ax.set_ylabel(text("plot.slots"))
+    ax.set_title(text("plot.sizes_title"))
     ax.margins(x=0.01)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     for side in ("top", "right"):
@@ -160,12 +170,12 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     for c, t in zip(cached, totals, strict=True):
         c_sum, t_sum = c_sum + c, t_sum + t
         running.append(c_sum / t_sum if t_sum else 0.0)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(reqs) + 2.0), 3.6))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(max(5.0, 0.7 * len(reqs) + 2.0), 3.6))
     plt.close(fig)
     x = list(range(len(reqs)))
     ax.bar(x, rates, width=0.7, color=BAND_COLOURS["evictable"], edgecolor="#344054", linewidth=0.5,
-           label="this request")  # fmt: skip
-    ax.plot(x, running, color="#344054", marker="o", markersize=3.5, linewidth=1.2, label="all requests so far")
+           label=text("plot.this_request"))  # fmt: skip
+    ax.plot(x, running, color="#344054", marker="o", markersize=3.5, linewidth=1.2, label=text("plot.all_requests"))
     if len(reqs) <= 30:
         for xi, c, t, rate in zip(x, cached, totals, rates, strict=True):
             ax.text(xi, rate + 0.02, f"{c}/{t}", ha="center", va="bottom", fontsize=7)
@@ -175,12 +185,43 @@ def plot_hit_rate(requests: Any, *, labels: Sequence[str] | None = None, vocab: 
     slanted = len(reqs) > 6 or max(len(n) for n in names) > 14
     ax.set_xticklabels(names if len(reqs) <= 30 else [str(i + 1) for i in x], rotation=30 if slanted else 0,
                        ha="right" if slanted else "center", fontsize=8)  # fmt: skip
-    ax.set_ylabel("prompt tokens cached")
-    ax.set_title("Prefix-cache hit rate per request")
+    ax.set_ylabel(text("plot.cached_share"))
+    ax.set_title(text("plot.hit_rate_title"))
     ax.legend(loc="upper left", frameon=False, fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
+    return fig
+
+
+def plot_recomputed(prompts: Mapping[str, Sequence[Any]], cached: Mapping[str, Sequence[int]]) -> Figure:
+    """Per workload, the prompt tokens each request recomputes: all of them with no cache, the uncached part with one.
+
+    ``prompts`` maps a workload's name to its requests' token ids, in the order they were served;
+    ``cached`` maps the same names to each request's cached length (``cached_len``) under a prefix
+    cache. One panel per workload: the no-cache line is the prompt length, the cached line the
+    prompt length minus what the cache supplied.
+    """
+    if not isinstance(prompts, Mapping) or not isinstance(cached, Mapping) or not prompts:
+        raise ArgumentTypeError("prompts and cached must be non-empty mappings from a workload name")
+    if list(prompts) != list(cached):
+        raise ArgumentError(f"cached must have the workloads of prompts, in order: {list(prompts)}")
+    lengths, uncached = {}, {}
+    for name, requests in prompts.items():
+        lengths[name] = [len(ids) for ids in requests]
+        if len(cached[name]) != len(requests):
+            raise ArgumentError(f"cached[{name!r}]: {len(cached[name])} lengths for {len(requests)} requests")
+        uncached[name] = [n - int(c) for n, c in zip(lengths[name], cached[name], strict=True)]
+    fig, axes = plt.subplots(1, len(prompts), FigureClass=TextFigure, figsize=(7.5, 2.8), squeeze=False)
+    plt.close(fig)
+    for ax, name in zip(axes[0], prompts, strict=True):
+        ax.plot(lengths[name], lw=0.8, label=text("plot.no_cache_line"))
+        ax.plot(uncached[name], lw=0.8, label=text("plot.radix_line"))
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(text("plot.request_axis"))
+    axes[0][0].set_ylabel(text("plot.recomputed"))
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
 
 
@@ -197,24 +238,25 @@ def plot_hit_rate_sweep(sweeps: Any, *, title: str | None = None) -> Figure:
     dashed line: the rate an unlimited pool would reach.
     """
     series = _sweep_series(sweeps)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(FigureClass=TextFigure, figsize=(6.4, 3.8))
     plt.close(fig)
     for i, (name, results) in enumerate(series.items()):
         colour = SWEEP_COLOURS[i % len(SWEEP_COLOURS)]
         sizes = [r.num_slots for r in results]
         ax.plot(sizes, [r.hit_rate for r in results], color=colour, marker="o", markersize=4, linewidth=1.4,
-                label=name or "hit rate")  # fmt: skip
+                label=name or text("plot.hit_rate"))  # fmt: skip
+        no_eviction = text("plot.series_no_eviction", name=name) if name else text("plot.no_eviction")
         ax.axhline(results[0].optimal_rate, color=colour, linestyle="--", linewidth=0.9, alpha=0.8,
-                   label=f"{name}: no eviction" if name else "no eviction")  # fmt: skip
+                   label=no_eviction)  # fmt: skip
     all_sizes = [r.num_slots for results in series.values() for r in results]
     logarithmic = max(all_sizes) > 20 * min(all_sizes)
     if logarithmic:
         ax.set_xscale("log")
     ax.set_ylim(0, 1.05)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel("pool size (slots, log scale)" if logarithmic else "pool size (slots)")
-    ax.set_ylabel("prompt tokens cached")
-    ax.set_title(title or "Hit rate against pool size (LRU eviction)")
+    ax.set_xlabel(text("plot.pool_size_log" if logarithmic else "plot.pool_size"))
+    ax.set_ylabel(text("plot.cached_share"))
+    ax.set_title(title or text("plot.sweep_title"))
     ax.legend(loc="lower right", frameon=False, fontsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -262,7 +304,7 @@ def _labels(reqs: Sequence[Any], labels: Sequence[str] | None, vocab: VocabLike)
             raise ArgumentError(f"labels must be {len(reqs)} strings, one per request")
         return list(labels)
     if vocab is None:
-        return [f"request {i + 1}" for i in range(len(reqs))]
+        return [text("plot.request", n=i + 1) for i in range(len(reqs))]
     namer = token_namer(vocab)
     return [f"[{words([int(t) for t in r.input_ids], namer, limit=5)}]" for r in reqs]
 

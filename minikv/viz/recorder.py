@@ -42,6 +42,7 @@ from ..snapshot import (
     token_namer,
     words,
 )
+from .labels import join, text
 from .player import FramePlayer, PlayerFrame
 from .tree import TreeDrawing, draw_snapshot
 
@@ -96,10 +97,10 @@ class Frame:
     def sizes_text(self) -> str:
         """The frame's slot counts in words, as the player shows them."""
         info = self.size_info
-        text = f"cached {info.total_size} slots: {info.protected_size} protected, {info.evictable_size} evictable"
+        sizes = text("rec.sizes", total=info.total_size, protected=info.protected_size, evictable=info.evictable_size)
         if self.free_slots is not None:
-            text += f" · {self.free_slots} free in the pool"
-        return text
+            sizes = text("rec.sizes_free", sizes=sizes, free=self.free_slots)
+        return sizes
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **_: Any) -> dict[str, str]:
         return {"image/svg+xml": self.svg(), "text/plain": repr(self)}
@@ -147,10 +148,10 @@ class TreeRecorder(BaseCacheManager):
         start = TreeSnapshot.of(manager)
         if start.num_nodes:
             info = start.size_info
-            verb = "holds" if start.num_nodes == 1 else "hold"
-            caption = f"start: {_plural(start.num_nodes, 'node')} {verb} {_plural(info.total_size, 'slot')}"
+            nodes, slots = _plural(start.num_nodes, "node"), _plural(info.total_size, "slot")
+            caption = text("rec.start", nodes=nodes, slots=slots, count=start.num_nodes)
         else:
-            caption = "start: the tree is empty"
+            caption = text("rec.start_empty")
         self._append("start", caption, start, TreeChanges())
 
     # -- forwarding ------------------------------------------------------------
@@ -176,12 +177,12 @@ class TreeRecorder(BaseCacheManager):
 
     def match_prefix(self, input_ids: Any) -> tuple[BaseCacheHandle, torch.Tensor]:
         ids = _token_list(input_ids)
-        head = f"match [{self._words(ids)}]"
+        head = text("rec.match", words=self._words(ids))
 
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, result: Any) -> Described:
             cached = result[0].cached_len
             total = len(ids or ())
-            hit = f"{cached} of {total} tokens cached" if cached else f"nothing cached (0 of {total} tokens)"
+            hit = text("rec.hit", cached=cached, total=total) if cached else text("rec.miss", total=total)
             return _join(head, [*self._split_words(changes), hit]), (ids or [])[:cached]
 
         found: tuple[BaseCacheHandle, torch.Tensor] = self._run(
@@ -192,19 +193,19 @@ class TreeRecorder(BaseCacheManager):
     def insert_prefix(self, input_ids: Any, indices: Any, *, handle: BaseCacheHandle | None = None) -> int:
         """Insert and record it; ``handle`` (the request's own locked match) is passed on when given."""
         ids = _token_list(input_ids)
-        head = f"insert [{self._words(ids)}]"
+        head = text("rec.insert", words=self._words(ids))
 
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, already: Any) -> Described:
             parts = self._split_words(changes)
             for path in changes.inserted:
                 view = after.nodes[path]
-                parts.append(f"added [{self._words(view.tokens)}] ({_plural(len(view.tokens), 'slot')})")
+                parts.append(text("rec.added", words=self._words(view.tokens), slots=_plural(len(view.tokens), "slot")))
             if not changes.inserted:
-                parts.append("nothing new to add")
-            parts.append(f"{_plural(already, 'token')} already cached (the return value)")
+                parts.append(text("rec.nothing_new"))
+            parts.append(text("rec.already", tokens=_plural(already, "token")))
             tail = len(ids or ()) % after.page_size
             if tail:
-                parts.append(f"last {_plural(tail, 'token')} not inserted (a partial page)")
+                parts.append(text("rec.partial", tokens=_plural(tail, "token")))
             return _join(head, parts), (ids or [])[:already]
 
         manager: Any = self.manager  # `handle=` is newer than BaseCacheManager's signature
@@ -221,40 +222,52 @@ class TreeRecorder(BaseCacheManager):
         operation = "unlock" if unlock else "lock"
         tokens = _handle_tokens(handle)
         if tokens is None:
-            head = f"{operation} (not a radix handle)"
+            head = text(f"rec.{operation}_not_radix")
         elif not tokens:
-            head = f"{operation} (empty match)"
+            head = text(f"rec.{operation}_empty")
         else:
-            head = f"{operation} [{self._words(tokens)}]"
+            head = text(f"rec.{operation}", words=self._words(tokens))
 
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, _: Any) -> Described:
             if not changes.ref_changed:
-                return _join(head, ["the root is always protected; nothing to do"]), ()
+                return _join(head, [text("rec.root_only")]), ()
             sign = "-1" if unlock else "+1"
             nodes = _plural(len(changes.ref_changed), "node")
             if unlock:
                 moved = after.size_info.evictable_size - before.size_info.evictable_size
-                effect = f"{_plural(moved, 'slot')} evictable again" if moved else "still protected by another lock"
+                effect = (
+                    text("rec.evictable_again", slots=_plural(moved, "slot")) if moved else text("rec.still_protected")
+                )
             else:
                 moved = after.size_info.protected_size - before.size_info.protected_size
-                effect = f"{_plural(moved, 'slot')} newly protected" if moved else "already protected by another lock"
-            return _join(head, [f"ref_count {sign} on {nodes}", effect]), ()
+                effect = (
+                    text("rec.newly_protected", slots=_plural(moved, "slot"))
+                    if moved
+                    else text("rec.already_protected")
+                )
+            return _join(head, [text("rec.ref_change", sign=sign, nodes=nodes), effect]), ()
 
         self._run(operation, head, lambda: self.manager.lock_handle(handle, unlock=unlock), describe)
 
     def evict(self, size: int) -> torch.Tensor:
-        head = f"evict {size!r}"
+        head = text("rec.evict", value=repr(size))
 
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
             if not changes.evicted:
-                return _join(head, ["nothing to do"]), ()
+                return _join(head, [text("rec.nothing_to_do")]), ()
             # In the order evict took them: by where each node's slots appear in what it returned.
             position = {slot: i for i, slot in enumerate(freed.tolist())}
             in_order = sorted(changes.evicted, key=lambda v: position.get(v.slots[0], len(position)))
-            removed = ", ".join(f"[{self._words(v.tokens)}] ({_plural(len(v.tokens), 'slot')})" for v in in_order)
-            parts = [f"removed {removed}"]
+            removed = join(
+                [
+                    text("rec.removed_item", words=self._words(v.tokens), slots=_plural(len(v.tokens), "slot"))
+                    for v in in_order
+                ],
+                "items",
+            )
+            parts = [text("rec.removed", items=removed)]
             if len(freed) != size:
-                parts.append(f"freed {_plural(len(freed), 'slot')}: whole nodes go")
+                parts.append(text("rec.freed", slots=_plural(len(freed), "slot")))
             return _join(head, parts), ()
 
         freed: torch.Tensor = self._run("evict", head, lambda: self.manager.evict(size), describe)
@@ -262,9 +275,9 @@ class TreeRecorder(BaseCacheManager):
 
     def reset(self) -> torch.Tensor:
         def describe(before: TreeSnapshot, after: TreeSnapshot, changes: TreeChanges, freed: Any) -> Described:
-            return f"reset: removed {_plural(before.num_nodes, 'node')} ({_plural(len(freed), 'slot')})", ()
+            return text("rec.reset", nodes=_plural(before.num_nodes, "node"), slots=_plural(len(freed), "slot")), ()
 
-        freed: torch.Tensor = self._run("reset", "reset", self.manager.reset, describe)
+        freed: torch.Tensor = self._run("reset", text("rec.reset_head"), self.manager.reset, describe)
         return freed
 
     # -- narration and playback ----------------------------------------------------
@@ -335,7 +348,7 @@ class TreeRecorder(BaseCacheManager):
             result = call()
         except Exception as exc:
             after = TreeSnapshot.of(self.manager)
-            caption = f"{head}: refused ({type(exc).__name__}: {exc})"
+            caption = text("rec.refused", head=head, error=f"{type(exc).__name__}: {exc}")
             self._append(operation, self._labelled(caption), after, diff_snapshots(before, after), error=repr(exc))
             raise
         after = TreeSnapshot.of(self.manager)
@@ -378,14 +391,14 @@ class TreeRecorder(BaseCacheManager):
         return self._leaving
 
     def _labelled(self, caption: str) -> str:
-        return f"{self._label} · {caption}" if self._label else caption
+        return text("rec.labelled", label=self._label, caption=caption) if self._label else caption
 
     def _words(self, tokens: Sequence[int] | None) -> str:
         return "?" if tokens is None else words(tokens, self._namer, limit=CAPTION_TOKENS)
 
     def _split_words(self, changes: TreeChanges) -> list[str]:
         return [
-            f"split [{self._words(old.tokens)}] after {_plural(len(upper) - old.start, 'token')}"
+            text("rec.split", words=self._words(old.tokens), tokens=_plural(len(upper) - old.start, "token"))
             for (upper, _), old in zip(changes.split, changes.split_before, strict=True)
         ]
 
@@ -404,11 +417,12 @@ def _ints_of(slots: Any) -> list[int]:
 
 
 def _join(head: str, parts: Sequence[str]) -> str:
-    return f"{head}: " + "; ".join(parts)
+    return text("rec.caption", head=head, parts=join(parts))
 
 
 def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """``n`` and its noun, in the drawing language: "1 slot", "2 slots", "2 个槽位"."""
+    return text(f"count.{noun}", count=n)
 
 
 def _token_list(value: Any) -> list[int] | None:

@@ -36,6 +36,8 @@ from .._validate import as_count, as_positive
 from ..base import KVCacheLayout
 from ..errors import ArgumentError, ArgumentTypeError
 from ..mha_pool import MHAKVCache
+from .figure import TextFigure
+from .labels import text
 
 __all__ = [
     "MemoryMap",
@@ -204,15 +206,17 @@ def draw_layouts(caches: Sequence[MHAKVCache], layer: int = 1, page: int = 2) ->
     _check_index(page, min(c.num_pages for c in caches), "page")
     row_length = max(c.kv_buffer.stride(0) for c in caches)
     width = min(_COLUMN_INCHES, 1.0 + 0.14 * row_length)  # wider pictures would be shrunk in the column
-    figure = Figure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
+    figure = TextFigure(figsize=(width, 2.1 * len(caches) + 0.5), layout="constrained")
     axes = figure.subplots(len(caches), 1, squeeze=False)[:, 0]
     for ax, cache in zip(axes, caches, strict=True):
         _draw_one_layout(ax, cache, layer, page, row_length)
     num_layers = max(c.num_layers for c in caches)
-    handles = [Patch(facecolor=_shade(_layer_colour(i), 0, 1), label=f"layer {i}") for i in range(num_layers)]
+    handles = [
+        Patch(facecolor=_shade(_layer_colour(i), 0, 1), label=text("storage.layer", layer=i)) for i in range(num_layers)
+    ]
     figure.legend(handles=handles, loc="outside lower center", ncols=min(num_layers, 8), frameon=False)
     figure.suptitle(
-        "The one K/V allocation in memory order (x = element offset)\ncolour = layer, shade and number = page",
+        text("storage.layouts_title") + "\n" + text("storage.layouts_key"),
         fontsize=_LABEL_POINTS,
     )
     return figure
@@ -235,30 +239,32 @@ def draw_slots(cache: MHAKVCache, highlight: Iterable[int] = ()) -> Figure:
     first = element_offsets(cache.k_cache(0))[:, 0, 0, 0]
     last = element_offsets(cache.k_cache(cache.num_layers - 1))[:, 0, 0, 0]
     pages, rows = grid.shape
-    figure = Figure(figsize=(max(4.0, 1.2 + 1.1 * pages), 1.6 + 0.45 * rows), layout="constrained")
+    figure = TextFigure(figsize=(max(4.0, 1.2 + 1.1 * pages), 1.6 + 0.45 * rows), layout="constrained")
     ax = figure.subplots()
     for p in range(pages):
         for r in range(rows):
             slot = int(grid[p, r])
             colour = "#f2b134" if slot in marked else "white"
             ax.add_patch(Rectangle((p, rows - 1 - r), 1, 1, facecolor=colour, edgecolor="black", linewidth=0.8))
-            ax.text(p + 0.5, rows - 0.5 - r, f"slot {slot}", ha="center", va="center", fontsize=_LABEL_POINTS)
+            ax.text(p + 0.5, rows - 0.5 - r, text("storage.slot", slot=slot), ha="center", va="center",
+                    fontsize=_LABEL_POINTS)  # fmt: skip
         ax.add_patch(Rectangle((p, 0), 1, rows, fill=False, edgecolor="black", linewidth=2.0))
     ax.set_xlim(0, pages)
     ax.set_ylim(0, rows)
     ax.set_xticks([p + 0.5 for p in range(pages)])
     ax.set_xticklabels(
-        [f"page {p}\nL0 @ {first[p]}\nL{cache.num_layers - 1} @ {last[p]}" for p in range(pages)],
+        [f"{text('storage.page', page=p)}\nL0 @ {first[p]}\nL{cache.num_layers - 1} @ {last[p]}" for p in range(pages)],
         fontsize=_LABEL_POINTS,
     )
     ax.set_yticks([rows - 0.5 - r for r in range(rows)])
-    ax.set_yticklabels([f"row {r}" for r in range(rows)], fontsize=_LABEL_POINTS)
+    ax.set_yticklabels([text("storage.row", row=r) for r in range(rows)], fontsize=_LABEL_POINTS)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
     ax.set_title(
-        f"{cache.kv_layout.name}, page_size {cache.page_size}: slot s is row s % {cache.page_size} "
-        f"of page s // {cache.page_size}\n(@ = element offset where the page's K starts in that layer)",
+        text("storage.slots_title", value=cache.kv_layout.name, page_size=cache.page_size)
+        + "\n"
+        + text("storage.slots_note"),
         fontsize=9,
     )
     return figure
@@ -281,7 +287,7 @@ def draw_head_split(ranks: Sequence[MHAKVCache]) -> Figure:
     for cache in ranks:
         owner[list(cache.head_range)] = cache.tp_rank
     cell = 0.4 if num_heads <= 12 else 4.8 / num_heads  # inches per head; the rank labels need ~2.6 in
-    figure = Figure(figsize=(cell * num_heads + 2.8, 1.0 + 0.45 * (tp_size + 1)), layout="constrained")
+    figure = TextFigure(figsize=(cell * num_heads + 2.8, 1.0 + 0.45 * (tp_size + 1)), layout="constrained")
     ax = figure.subplots()
     top = tp_size + 0.3
     for head in range(num_heads):
@@ -296,16 +302,18 @@ def draw_head_split(ranks: Sequence[MHAKVCache]) -> Figure:
             ax.text(head + 0.5, y + 0.4, f"{local}", ha="center", va="center", fontsize=8)
         ax.text(
             num_heads + 0.2, y + 0.4,
-            f"rank {cache.tp_rank}: heads {cache.head_range.start}..{cache.head_range.stop - 1}, {_size(cache.nbytes)}",
+            text("storage.rank", rank=cache.tp_rank, first=cache.head_range.start, last=cache.head_range.stop - 1,
+                 size=_size(cache.nbytes)),
             va="center", fontsize=8,
         )  # fmt: skip
-    ax.text(num_heads + 0.2, top + 0.4, "global KV head", va="center", fontsize=8)
+    ax.text(num_heads + 0.2, top + 0.4, text("storage.global_head"), va="center", fontsize=8)
     ax.set_xlim(0, num_heads + 2.6 / cell)  # room for the rank labels on the right
     ax.set_ylim(-0.2, top + 1.0)
     ax.axis("off")
     ax.set_title(
-        f"{num_heads} KV heads over tp_size {tp_size}: each rank stores {ranks[0].local_kv_heads}\n"
-        "(numbers in the rank rows are the rank's local head indices)",
+        text("storage.heads_title", num_heads=num_heads, tp_size=tp_size, local=ranks[0].local_kv_heads)
+        + "\n"
+        + text("storage.heads_note"),
         fontsize=9,
     )
     return figure
@@ -330,7 +338,7 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
         ax.text(-0.4, 3 - row + 0.45, "KV"[kv], ha="right", va="center", fontsize=_LABEL_POINTS, weight="bold")
     tracks = (
         (1.0, f"k_cache({layer})", element_offsets(cache.k_cache(layer)), "black"),
-        (0.25, f"page {page}, K, all layers", element_offsets(cache.kv_buffer[0][:, page]), "tab:gray"),
+        (0.25, text("storage.page_track", page=page), element_offsets(cache.kv_buffer[0][:, page]), "tab:gray"),
     )
     for track_y, name, offsets, track_colour in tracks:
         runs = contiguous_runs(offsets)
@@ -338,8 +346,8 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
             ax.add_patch(
                 Rectangle((start, track_y), length, 0.3, facecolor=track_colour, edgecolor="white", linewidth=1.0)
             )
-        plural = "run" if len(runs) == 1 else "runs"
-        ax.text(0, track_y + 0.36, f"{name}: {len(runs)} {plural}", ha="left", va="bottom", fontsize=_LABEL_POINTS)
+        label = text("storage.runs", track=name, count=len(runs))
+        ax.text(0, track_y + 0.36, label, ha="left", va="bottom", fontsize=_LABEL_POINTS)
     ax.set_xlim(-1.2, row_length + 0.2)
     ax.set_ylim(0.15, 4.0)
     ax.set_yticks([])
@@ -349,7 +357,8 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     ax.set_title(
-        f"{cache.kv_layout.name}: kv_buffer {tuple(cache.kv_buffer.shape)}, strides {cache.kv_buffer.stride()}",
+        text("storage.buffer", value=cache.kv_layout.name, shape=tuple(cache.kv_buffer.shape),
+             strides=cache.kv_buffer.stride()),
         fontsize=_LABEL_POINTS, loc="left",
     )  # fmt: skip
 

@@ -42,6 +42,7 @@ from ..snapshot import (
     token_namer,
     words,
 )
+from .labels import CATALOG, text
 
 __all__ = [
     "EVENT_BORDERS",
@@ -106,16 +107,11 @@ EVENT_BORDERS: Mapping[str, str] = MappingProxyType({"inserted": "#7f56d9", "spl
 
 STATE_WORDS: Mapping[str, str] = MappingProxyType(
     {
-        "root": "root (always kept)",
-        "protected": "protected: locked (ref > 0)",
-        "evictable": "evictable leaf (ref 0)",
-        "interior": "interior node, unlocked",
-        "evicted": "just evicted (ghost)",
-        "inserted": "just inserted",
-        "split": "the two halves of a split",
-        "walked": "path a match just walked",
+        state: CATALOG[f"state.{state}"].en
+        for state in ("root", "protected", "evictable", "interior", "evicted", "inserted", "split", "walked")
     }
 )
+"""State or event -> its legend words, in English (drawings take them from :mod:`minikv.viz.labels`)."""
 
 
 # -- the drawing ----------------------------------------------------------------
@@ -289,7 +285,7 @@ def _add_node(
     if view.is_root:
         look = LOOKS["root"]
         drawing.node(
-            "root", "root", shape="oval", style="filled", fillcolor=look.fill, color=look.border,
+            "root", text("node.root"), shape="oval", style="filled", fillcolor=look.fill, color=look.border,
             fontcolor=look.text, **{"class": "root"},
         )  # fmt: skip
         return
@@ -344,7 +340,7 @@ def _node_label(view: NodeView, namer: Callable[[int], str], page_size: int, max
         more = sum(len(t) for t, _ in hidden)
         top += f'<TD ROWSPAN="2"><FONT POINT-SIZE="10">… +{more}</FONT></TD>'
     span = len(shown) + (1 if hidden else 0)
-    status = "evicted: slots freed" if ghost else f"ref {view.ref_count} · t {view.timestamp}"
+    status = text("node.evicted") if ghost else text("node.status", ref=view.ref_count, t=view.timestamp)
     status_row = f'<TR><TD COLSPAN="{span}"><FONT POINT-SIZE="9">{_html(status)}</FONT></TD></TR>'
     spacing = ' CELLSPACING="2"' if paged else ' CELLSPACING="0"'
     return (
@@ -367,12 +363,12 @@ def _slot_text(slots: Sequence[int]) -> str:
 
 
 def _tooltip(view: NodeView, namer: Callable[[int], str], ghost: bool) -> str:
-    state = "evicted" if ghost else view.state
-    text = (
-        f"[{words(view.tokens, namer, limit=64)}] slots {_slot_text(view.slots)}; "
-        f"ref_count {view.ref_count}, t {view.timestamp}; {state}"
-    )
-    return _dot_text(text)
+    state = text(f"word.{'evicted' if ghost else view.state}")
+    tip = text(
+        "node.tooltip", words=words(view.tokens, namer, limit=64), slots_text=_slot_text(view.slots),
+        ref=view.ref_count, t=view.timestamp, state=state,
+    )  # fmt: skip
+    return _dot_text(tip)
 
 
 def _graph_label(
@@ -393,12 +389,10 @@ def _graph_label(
         grid = "".join("<TR>" + "".join(entries[i : i + 2]) + "</TR>" for i in range(0, len(entries), 2))
         rows.append(f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{grid}</TABLE></TD></TR>')
         info = snapshot.size_info
-        footer = (
-            f"ref = locks held, t = last use. Cached {info.total_size} slots = "
-            f"{info.protected_size} protected + {info.evictable_size} evictable."
-        )
-        if snapshot.page_size > 1:
-            footer += f" Boxed columns are pages of {snapshot.page_size} slots."
+        footer = text(
+            "legend.footer_paged" if snapshot.page_size > 1 else "legend.footer", total=info.total_size,
+            protected=info.protected_size, evictable=info.evictable_size, page_size=snapshot.page_size,
+        )  # fmt: skip
         rows.append(f'<TR><TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(footer)}</FONT></TD></TR>')
     if not rows:
         return None
@@ -427,21 +421,26 @@ def _slot_strip(slots: SlotOwnership, legend: bool) -> str:
     rows = []
     for start in range(0, len(cells), per_row):
         row = cells[start : start + per_row]
-        head = '<TD ALIGN="RIGHT"><FONT POINT-SIZE="10">slots</FONT></TD>' if start == 0 else "<TD></TD>"
+        head = (
+            f'<TD ALIGN="RIGHT"><FONT POINT-SIZE="10">{_html(text("strip.slots"))}</FONT></TD>'
+            if start == 0
+            else "<TD></TD>"
+        )
         rows.append(f"<TR>{head}{''.join(row)}</TR>")
     strip = '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="0">' + "".join(rows) + "</TABLE>"
     if not legend:
         return strip
     counts = slots.counts()
     entries = []
-    for state, meaning in SLOT_STATES.items():
+    for state in SLOT_STATES:
         if state == "evicted" and not counts[state]:
             continue
         look = SLOT_LOOKS[state]
+        entry = text("strip.entry", meaning=text(f"slot.{state}"), count=counts[state])
         entries.append(
             f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1"{_dashed(state)} WIDTH="12" HEIGHT="12"'
             ' FIXEDSIZE="TRUE"></TD>'
-            f'<TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(meaning)}: {counts[state]}</FONT></TD>'
+            f'<TD ALIGN="LEFT"><FONT POINT-SIZE="9">{_html(entry)}</FONT></TD>'
         )
     key = "".join("<TR>" + "".join(entries[i : i + 3]) + "</TR>" for i in range(0, len(entries), 3))
     return (
@@ -492,7 +491,7 @@ def _legend_entry(key: str) -> str:
         look = LOOKS[key]
         dashed = ' STYLE="dashed"' if key == "evicted" else ""
         swatch = f'<TD BGCOLOR="{look.fill}" COLOR="{look.border}" BORDER="1"{dashed} {size}></TD>'
-    return f'{swatch}<TD ALIGN="LEFT"><FONT POINT-SIZE="10">{_html(STATE_WORDS[key])}</FONT></TD>'
+    return f'{swatch}<TD ALIGN="LEFT"><FONT POINT-SIZE="10">{_html(text(f"state.{key}"))}</FONT></TD>'
 
 
 def _html(text: str) -> str:
