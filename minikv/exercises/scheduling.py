@@ -176,7 +176,7 @@ def _draw_queue(rng: random.Random, size: int) -> Queue:
 
     bases = [tokens(rng.randint(1, 3 + size // 2)) for _ in range(rng.randint(1, 3))]
     served = tuple(rng.choice(bases) + tokens(rng.randint(0, 4)) for _ in range(rng.randint(0, 1 + size // 3)))
-    waiting = []
+    waiting: list[Waiting] = []
     for _ in range(rng.randint(0, 2 + size // 2)):
         kind = rng.random()
         if kind < 0.2 and served:
@@ -252,7 +252,7 @@ class _Yours(SchedulingPolicy):
         if before is not None and isinstance(cache, RadixCacheManager):
             _expect_same_tree(before, cache)
         _expect_the_same_requests(got, waiting)
-        return got  # type: ignore[return-value]  # checked just above
+        return list(got)  # a list of the waiting requests: checked just above
 
 
 @dataclass
