@@ -93,10 +93,16 @@ class Tensors:
     lens: torch.Tensor
 
 
+GUARD_FACTOR = 16
+"""Guard memory on each side of a tensor, as a multiple of its span (plus 4096 elements): more than
+the usual slips reach (a slot taken for a page number with pages of up to 8 rows, a block of 128
+table entries past the end)."""
+
+
 def _guarded(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
     """A tensor of ``shape`` and ``strides`` in the middle of an allocation filled with ``fill``."""
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if all(shape) else 1
-    guard = 4 * span + 1024
+    guard = GUARD_FACTOR * span + 4096
     base = torch.full((guard + span + guard,), fill, dtype=dtype, device=_device())
     return base.as_strided(shape, strides, guard)
 
@@ -376,19 +382,26 @@ def _probe_tensors() -> Tensors:
     s = PROBE
     device = _device()
     num_slots = s.num_pages * s.page_size
-    q = torch.randn(len(s.lens), s.heads, s.head_dim, generator=torch.Generator().manual_seed(0)).to(device)
-    k_cache = torch.zeros(s.num_pages, s.page_size, s.kv_heads, s.head_dim, device=device)
-    v_cache = torch.zeros_like(k_cache)
+    q_shape = (len(s.lens), s.heads, s.head_dim)
+    q = _guarded(q_shape, _strides(q_shape), torch.float32, 0.0)
+    q.copy_(torch.randn(q_shape, generator=torch.Generator().manual_seed(0)))
+    shape = (s.num_pages, s.page_size, s.kv_heads, s.head_dim)
+    k_cache = _guarded(shape, _strides(shape), torch.float32, 0.0)
+    v_cache = _guarded(shape, _strides(shape), torch.float32, 0.0)
+    k_cache.zero_()
+    v_cache.zero_()
     for slot in range(num_slots):
         for g in range(s.kv_heads):
             v_cache[slot // s.page_size, slot % s.page_size, g, slot] = g + 1.0
     width = max(s.lens) + 2
-    table = torch.full((len(s.lens), width), s.page_size * 1, dtype=torch.int32)  # page 1's first row: nobody's
+    nobodys = s.page_size * 1  # page 1's first row: the table's padding, and the memory around the table
+    table = _guarded((len(s.lens), width), (width, 1), torch.int32, nobodys)
+    table.fill_(nobodys)
     for b, (length, pages) in enumerate(zip(s.lens, PROBE_PAGES, strict=True)):
         slots = [pages[i // s.page_size] * s.page_size + i % s.page_size for i in range(length)]
         table[b, :length] = torch.tensor(slots, dtype=torch.int32)
     assert num_slots <= s.head_dim
-    return Tensors(q, k_cache, v_cache, table.to(device), torch.tensor(s.lens, dtype=torch.int32, device=device))
+    return Tensors(q, k_cache, v_cache, table, torch.tensor(s.lens, dtype=torch.int32, device=device))
 
 
 def rows_read(decode: Callable[..., torch.Tensor]) -> RowsRead:
