@@ -3,7 +3,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minikv-course/minikv/blob/main/exercises/ex6_scheduling.ipynb)
 #
-# The engine of [chapter 6](../book/06_forward_pass.ipynb) keeps a waiting queue. At the start
+# The engine of [chapter 8](../book/08_scheduler.ipynb) keeps a waiting queue. At the start
 # of every step it asks its *scheduling policy* to order that queue, then admits requests from
 # the front until one does not fit. First come, first served (FCFS) keeps arrival order. SGLang's
 # defining idea next to its radix cache is to admit by what is cached instead: the request with

@@ -3,8 +3,9 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minikv-course/minikv/blob/main/exercises/ex7_paged_attention.ipynb)
 #
-# The store kernel of [exercises 3](ex3_storage.ipynb) writes each token's K and V rows into the
-# slots the manager chose. This is the other half: a decode step reads them back. Request `b` has
+# The store kernel of [chapter 3b](../book/03_store_kernel.ipynb) and [exercises 3](ex3_storage.ipynb)
+# writes each token's K and V rows into the slots the manager chose. This is the other half, which
+# [chapter 8](../book/08_scheduler.ipynb) ends with: a decode step reads them back. Request `b` has
 # one query (its newest token) and `lens[b]` cached tokens; their slots are the first `lens[b]`
 # entries of row `b` of the *slot table* (a server's `req_to_token`; FlashInfer calls it
 # `kv_indices`). Slot `s` is row `s % page_size` of page `s // page_size`, wherever that page is.
