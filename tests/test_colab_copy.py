@@ -37,7 +37,13 @@ RAW_MYST = {
 }
 CJK = re.compile(r"[\u3400-\u9fff]")
 LANGUAGES = colab_copy.LANGUAGES
-GPU_PAGES = {"book/03_store_kernel.ipynb", "exercises/ex3_storage.ipynb", "exercises/solved/ex3_storage.ipynb"}
+GPU_PAGES = {
+    "book/03_store_kernel.ipynb",
+    "exercises/ex3_storage.ipynb",
+    "exercises/solved/ex3_storage.ipynb",
+    "exercises/ex7_paged_attention.ipynb",
+    "exercises/solved/ex7_paged_attention.ipynb",
+}
 
 
 def raw_myst(markdown: str) -> list[str]:

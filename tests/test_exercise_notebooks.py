@@ -28,7 +28,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 import make_exercises  # noqa: E402
 
-NAMES = ["ex1_capacity", "ex2_lifecycle", "ex3_storage", "ex4_naive", "ex5_radix"]
+NAMES = [
+    "ex1_capacity",
+    "ex2_lifecycle",
+    "ex3_storage",
+    "ex4_naive",
+    "ex5_radix",
+    "ex6_scheduling",
+    "ex7_paged_attention",
+]
 CHECK_CALL = re.compile(r'^check\("(?P<id>[a-z_]+\.[a-z_]+)", (?P<fn>\w+)\)$', re.MULTILINE)
 
 

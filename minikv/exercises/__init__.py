@@ -28,7 +28,7 @@ from typing import Any
 from ..radix_manager import RadixCacheManager
 
 # Each module registers its chapter's exercises; imported in chapter order, so that ids list in that order.
-from . import _trees, blocks, capacity, lifecycle, naive, radix, storage  # noqa: F401
+from . import _trees, blocks, capacity, lifecycle, naive, paged_attention, radix, scheduling, storage  # noqa: F401
 from ._core import REGISTRY, run_check
 from ._report import CaseResult, CheckResult
 

@@ -17,7 +17,7 @@ Data helpers (plain arrays, tested on their own):
 
 Figures (each returns a matplotlib ``Figure``, made without pyplot
 so nothing is shown or kept behind the caller's back): :func:`draw_layouts`,
-:func:`draw_slots`, :func:`draw_head_split`.
+:func:`draw_slots`, :func:`draw_head_split`, :func:`draw_rows_read`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "contiguous_runs",
     "draw_head_split",
     "draw_layouts",
+    "draw_rows_read",
     "draw_slots",
     "element_offsets",
     "memory_map",
@@ -361,6 +362,62 @@ def _draw_one_layout(ax: Any, cache: MHAKVCache, layer: int, page: int, row_leng
              strides=cache.kv_buffer.stride()),
         fontsize=_LABEL_POINTS, loc="left",
     )  # fmt: skip
+
+
+def draw_rows_read(found: Any) -> Figure:
+    """Which cache rows a decode-attention kernel read, one panel per request, pages as columns.
+
+    ``found`` is what ``minikv.exercises.paged_attention.rows_read`` returns: boolean arrays
+    ``read`` and ``expected`` of shape ``(requests, slots)``, the ``page_size`` and the ``lens``.
+    A cell is one row of a page (slot ``page * page_size + row``): filled blue where the request
+    read a row it owns, red where it read a row it does not own, outlined in orange where it owns
+    the row but did not read it, blank elsewhere.
+    """
+    read = np.asarray(getattr(found, "read", None), dtype=bool)
+    expected = np.asarray(getattr(found, "expected", None), dtype=bool)
+    page_size = as_positive(getattr(found, "page_size", 0), "found.page_size")
+    if read.ndim != 2 or read.shape != expected.shape or read.shape[1] % page_size:
+        raise ArgumentError("found: read and expected must be (requests, slots) arrays of whole pages")
+    requests, slots = read.shape
+    pages = slots // page_size
+    lens = list(getattr(found, "lens", [int(row.sum()) for row in expected]))
+    figure = Figure(figsize=(max(4.0, 1.0 + 0.55 * pages * requests), 1.4 + 0.32 * page_size), layout="constrained")
+    axes = figure.subplots(1, requests, squeeze=False)[0]
+    for b, ax in enumerate(axes):
+        for slot in range(slots):
+            page, row = divmod(slot, page_size)
+            mine, used = bool(expected[b, slot]), bool(read[b, slot])
+            colour = ("#4c72b0" if mine else "#c44e52") if used else "white"
+            edge, width = ("#dd8452", 2.0) if mine and not used else ("black", 0.6)
+            ax.add_patch(
+                Rectangle((page, page_size - 1 - row), 1, 1, facecolor=colour, edgecolor=edge, linewidth=width)
+            )
+        for page in range(pages):
+            ax.add_patch(Rectangle((page, 0), 1, page_size, fill=False, edgecolor="black", linewidth=1.6))
+        ax.set_xlim(0, pages)
+        ax.set_ylim(0, page_size)
+        ax.set_xticks([p + 0.5 for p in range(pages)])
+        ax.set_xticklabels([str(p) for p in range(pages)], fontsize=8)
+        ax.set_yticks([page_size - 0.5 - r for r in range(page_size)])
+        ax.set_yticklabels([str(r) for r in range(page_size)], fontsize=8)
+        ax.set_xlabel("page", fontsize=8)
+        ax.set_ylabel("row" if b == 0 else "", fontsize=8)
+        ax.tick_params(length=0)
+        wrong = int((read[b] & ~expected[b]).sum()) + int((expected[b] & ~read[b]).sum())
+        verdict = "its own rows" if not wrong else f"{wrong} rows wrong"
+        ax.set_title(f"request {b} ({lens[b] if b < len(lens) else '?'} tokens): {verdict}", fontsize=9)
+    figure.legend(
+        handles=[
+            Patch(facecolor="#4c72b0", edgecolor="black", label="read, its own"),
+            Patch(facecolor="#c44e52", edgecolor="black", label="read, not its own"),
+            Patch(facecolor="white", edgecolor="#dd8452", linewidth=2.0, label="its own, not read"),
+        ],
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    return figure
 
 
 def _size(nbytes: int) -> str:
