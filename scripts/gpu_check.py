@@ -68,8 +68,9 @@ NOTEBOOKS = (
     "exercises/ex3_storage.ipynb",
     "book/06_forward_pass.ipynb",
     "exercises/solved/ex5_radix.ipynb",
+    "exercises/solved/ex7_paged_attention.ipynb",
 )
-"""What the ``notebooks`` step runs: the kernel on CUDA, and the float equalities on a GPU machine."""
+"""What the ``notebooks`` step runs: the kernels on CUDA, and the float equalities on a GPU machine."""
 LEFT_OUT_TESTS = ("tests/test_book_browser.py", "tests/test_player_browser.py", "tests/test_exercise_notebooks.py")
 
 
