@@ -89,7 +89,7 @@ def test_the_wheel_script_prints_an_offline_ready_download(tmp_path: Path) -> No
 
 
 def test_the_notebooks_step_runs_the_kernel_and_the_float_equalities() -> None:
-    """Chapters 3 and 3b, the appendix, exercises 3 and 7 (kernels on CUDA); chapter 6, solved exercise 5 (== recompute)."""
+    """Chapters 3 and 3b, the appendix, exercises 3 and 7 (kernels on CUDA); chapter 6, solved exercise 5 (exact)."""
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
