@@ -321,7 +321,7 @@ def _match_len_cases() -> list[Case]:
         ("1000 equal tokens", long, list(long)),
     ]
     rng = random.Random(51)
-    for i in range(150):
+    for i in range(400):
         common = [rng.choice([0, 1, rng.randrange(-(2**62), 2**62)]) for _ in range(rng.randint(0, 30))]
         a = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
         b = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
@@ -455,7 +455,7 @@ def _split_cases() -> list[Case]:
         _split_case("page_size 2: split a 6-token node after its first page", recipe(insert(*range(6)), page_size=2), [(tuple(range(6)), 2)]),
         _split_case("page_size 4: split a 12-token node with a child after 8 tokens", recipe(insert(*range(12)), insert(*range(16)), page_size=4), [(tuple(range(12)), 8)]),
         *(_split_case(t.describe() + f", split {n} times", t, _random_splits(s, t, n)) for s, (t, n) in enumerate(zip(trees, (6, 6, 6, 20), strict=True))),
-        *(_split_case(t.describe() + ", split 8 times", t, _random_splits(700 + i, t, 8)) for i, t in enumerate(drawn_trees(700, 24))),
+        *(_split_case(t.describe() + ", split 8 times", t, _random_splits(700 + i, t, 8)) for i, t in enumerate(drawn_trees(700, 48))),
     ]  # fmt: skip
 
 
@@ -551,7 +551,7 @@ def _walk_cases() -> list[Case]:
         _walk_case("token ids above 2**31", big_ids, [(2**40, 5, 2**31 + 1, 9), (2**40, 5, 8)]),
         _walk_case(rnd.describe() + ", 10 walks", rnd, _random_inputs(rng, rnd, 10, 4, 12)),
         _walk_case(big.describe() + ", 30 walks", big, _random_inputs(rng, big, 30, 5, 24)),
-        *(_walk_case(t.describe() + ", 12 walks", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(720, 20, (1,))),
+        *(_walk_case(t.describe() + ", 12 walks", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(720, 50, (1,))),
     ]  # fmt: skip
 
 
@@ -694,7 +694,7 @@ def _match_cases() -> list[Case]:
         case(rnd.describe() + ", 12 matches", rnd, _random_inputs(rng, rnd, 12, 4, 12)),
         case(big.describe() + ", 30 matches", big, _random_inputs(rng, big, 30, 5, 24)),
         case("the same prefix matched three times: three tensors, each the caller's own", two, [(1, 2, 3, 4, 5, 6)] * 3 + [(7, 8)] * 3),
-        *(case(t.describe() + ", 12 matches", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(740, 20, (1,))),
+        *(case(t.describe() + ", 12 matches", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(740, 45, (1,))),
     ]  # fmt: skip
 
 
@@ -825,7 +825,7 @@ def _insert_cases() -> list[Case]:
         _insert_case("token ids above 2**31", recipe(), [_Insert((2**40, 7, 2**31 + 3)), _Insert((2**40, 7, 9))]),
         _insert_case("twelve prompts over a tiny vocabulary", recipe(), _random_inserts(71, 12, 3, 8), seed=1),
         _insert_case("forty prompts, some locked first", random_recipe(72, 10, lock_every=3), _random_inserts(73, 40, 3, 12), seed=2),
-        *(_insert_case(t.describe() + ", 12 more prompts", t, _random_inserts(760 + i, 12, 4, 12), seed=760 + i) for i, t in enumerate(drawn_trees(760, 16, (1,)))),
+        *(_insert_case(t.describe() + ", 12 more prompts", t, _random_inserts(760 + i, 12, 4, 12), seed=760 + i) for i, t in enumerate(drawn_trees(760, 40, (1,)))),
     ]  # fmt: skip
 
 
@@ -1130,7 +1130,7 @@ def _harden_cases() -> list[Case]:
         _lock_case("a node locked itself and through two locked children may be unlocked once, then no more", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
         _lock_case("unlock twice what was locked once: the second unlock is refused", fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
         _lock_case("a lock survives a later split: the upper half holds no lock of its own", recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
-        *_drawn_lock_cases(500, 3, refusals=True),
+        *_drawn_lock_cases(500, 5, refusals=True),
     ]  # fmt: skip
 
 
@@ -1227,7 +1227,7 @@ def _evict_cases() -> list[Case]:
         _evict_case(rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)),
         _evict_case(rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)),
         _evict_case(big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)),
-        *(_evict_case(t.describe() + ", evicted until nothing is left", t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 30))),
+        *(_evict_case(t.describe() + ", evicted until nothing is left", t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
     ]  # fmt: skip
 
 
@@ -1460,7 +1460,7 @@ def _integrity_cases() -> list[Case]:
         _healthy_case("a random tree of 80 prompts with locks", random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
         _healthy_case("slots scattered over the pool: a node's slots need not count up", recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
         _healthy_case("page_size 2, slots scattered: whole pages, anywhere in the pool", recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
-        *(_healthy_case(t.describe(), t) for t in drawn_trees(800, 24)),
+        *(_healthy_case(t.describe(), t) for t in drawn_trees(800, 60)),
         *(_corrupt_case(*c) for c in corruption_cases()),
     ]  # fmt: skip
 
@@ -1513,7 +1513,7 @@ def _page_cases() -> list[Case]:
             _walk_case(
                 t.describe() + ", 10 walks", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len")
             )
-            for t in drawn_trees(820, 15, (2, 3, 4, 8, 16))
+            for t in drawn_trees(820, 30, (2, 3, 4, 8, 16))
         ),
     ]
     many = [_Insert(s.ids, kind=s.kind) for s in _random_inserts(94, 30, 3, 20)]
@@ -1575,7 +1575,7 @@ def _page_cases() -> list[Case]:
                 seed=840 + i,
                 trim=True,
             )
-            for i, t in enumerate(drawn_trees(840, 15, (2, 3, 4, 8, 16)))
+            for i, t in enumerate(drawn_trees(840, 30, (2, 3, 4, 8, 16)))
         ),
     ]
     matches = []
@@ -1585,7 +1585,7 @@ def _page_cases() -> list[Case]:
     ]
     match_inputs += [
         (t.describe() + ", 10 matches", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
-        for t in drawn_trees(860, 10, (2, 3, 4, 8, 16))
+        for t in drawn_trees(860, 20, (2, 3, 4, 8, 16))
     ]
     for desc, tree, inputs in match_inputs:
 
@@ -1611,7 +1611,7 @@ def _with_own(case: Case) -> Case:
 
 # -- radix.cache -----------------------------------------------------------------------------------------
 
-HISTORIES = {1: range(30), 2: range(100, 120), 3: range(300, 312), 4: range(200, 220), 8: range(400, 410)}
+HISTORIES = {1: range(50), 2: range(100, 130), 3: range(300, 320), 4: range(200, 230), 8: range(400, 415)}
 """The seeds of the random histories ``radix.cache`` plays, by page size (each page size also plays
 :func:`~minikv.exercises.radix_history.fork_history`, written for a class random ones reach by chance)."""
 
