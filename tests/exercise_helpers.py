@@ -42,7 +42,10 @@ S = {name: value for namespace in SOLUTIONS.values() for name, value in namespac
 def solution_for(exercise_id: str) -> Callable:
     if exercise_id.startswith("radix."):  # exercise 5 grades one class, method by method
         paged = exercise_id in ("radix.page_aligned_insert", "radix.cache")
-        return SOLUTIONS["ex5_radix"]["MyPagedRadixCache" if paged else "MyRadixCache"]
+        hardened = exercise_id == "radix.harden_lock"
+        return SOLUTIONS["ex5_radix"][
+            "MyPagedRadixCache" if paged else "MyHardenedRadixCache" if hardened else "MyRadixCache"
+        ]
     name = {"naive.manager": "NaiveManager"}.get(exercise_id, exercise_id.split(".", 1)[1])
     return S[name]
 

@@ -9,12 +9,14 @@ How mutants are registered and run: ``exercise_helpers.py``.
 from __future__ import annotations
 
 import heapq
+import re
+import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
-from exercise_helpers import SOLUTIONS, WrongAnswers, chapter_tests
+from exercise_helpers import SOLUTIONS, WrongAnswers, chapter_ids, chapter_tests, solution_for
 
 from minikv import RadixCacheManager, RadixTreeNode
 from minikv.errors import EvictionError, IntegrityError, LockError
@@ -383,16 +385,117 @@ def _lock_variant(
     return lock_handle
 
 
-for flags in (
-    {"skip_own": True},
-    {"touch_root": True},
-    {"every_change": True},
-    {"check_unlock": False},
-    {"own_locks": False},
-    {"stamps": True},
-    {"early": True},
-):
+for flags in ({"skip_own": True}, {"touch_root": True}, {"every_change": True}, {"stamps": True}):
     wrong("radix.lock_handle", lock_handle=_lock_variant(**flags))
+    wrong("radix.harden_lock", lock_handle=_lock_variant(**flags))
+for flags in ({"check_unlock": False}, {"own_locks": False}, {"early": True}):  # the core is right, the refusals not
+    right("radix.lock_handle", lock_handle=_lock_variant(**flags))
+    wrong("radix.harden_lock", lock_handle=_lock_variant(**flags))
+
+
+def _lock_mini_sglang(self, handle, unlock=False):
+    """mini-sglang's lock_handle, line for line (the notes, 13.3.5): it trusts its caller, refuses nothing."""
+    node = handle.node
+    if unlock:
+        while node is not self.root_node:
+            node.ref_count -= 1
+            if node.ref_count == 0:
+                self.evictable_size += node.length
+                self.protected_size -= node.length
+            node = node.parent
+    else:
+        while node is not self.root_node:
+            if node.ref_count == 0:
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.ref_count += 1
+            node = node.parent
+
+
+right("radix.lock_handle", lock_handle=_lock_mini_sglang)
+wrong("radix.harden_lock", lock_handle=_lock_mini_sglang)
+
+
+def _own_locks_by(largest: bool) -> Callable:
+    def lock_handle(self, handle, unlock=False):
+        node = handle.node
+        if unlock and node is not self.root_node:
+            counts = [c.ref_count for c in node.children.values()]
+            below = max(counts, default=0) if largest else sum(counts)
+            if node.ref_count - below <= 0:
+                raise LockError("no lock of its own")
+        _lock_mini_sglang(self, handle, unlock)
+
+    return lock_handle
+
+
+_harden_largest = _own_locks_by(largest=True)  # the lock count of the children: the largest, not the sum
+wrong("radix.harden_lock", lock_handle=_harden_largest)
+right("radix.lock_handle", lock_handle=_harden_largest)  # the core task does not grade refusals
+right("radix.harden_lock", lock_handle=_own_locks_by(largest=False))
+
+
+def _harden_any_child(self, handle, unlock=False):  # refuses whenever a child is locked: too strict
+    node = handle.node
+    if (
+        unlock
+        and node is not self.root_node
+        and (node.ref_count <= 0 or any(c.ref_count for c in node.children.values()))
+    ):
+        raise LockError("locked below")
+    _lock_mini_sglang(self, handle, unlock)
+
+
+wrong("radix.harden_lock", lock_handle=_harden_any_child)
+
+
+def _lock_stops_at_needed(self, handle, unlock=False):  # an unlock stops at a node that a locked child still needs
+    node = handle.node
+    while node is not self.root_node:
+        if unlock:
+            if any(c.ref_count for c in node.children.values()):
+                break
+            node.ref_count -= 1
+            if node.ref_count == 0:
+                self.evictable_size += node.length
+                self.protected_size -= node.length
+        else:
+            if node.ref_count == 0:
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.ref_count += 1
+        node = node.parent
+
+
+wrong("radix.lock_handle", lock_handle=_lock_stops_at_needed)
+
+
+def _lock_recount(combine: Callable) -> Callable:
+    """Locks or unlocks the handle's node, then recounts each ancestor from its children with ``combine``
+    (``max``: the largest child instead of the sum; ``sum``: forgets the ancestor's own locks)."""
+
+    def lock_handle(self, handle, unlock=False):
+        node = handle.node
+        if node is self.root_node:
+            return
+        step = -1 if unlock else 1
+        moved = [(node, node.ref_count > 0)]
+        node.ref_count += step
+        parent = node.parent
+        while parent is not self.root_node:
+            moved.append((parent, parent.ref_count > 0))
+            parent.ref_count = combine(c.ref_count for c in parent.children.values())
+            parent = parent.parent
+        for n, locked_before in moved:
+            if locked_before != (n.ref_count > 0):
+                self.evictable_size -= step * n.length
+                self.protected_size += step * n.length
+
+    return lock_handle
+
+
+wrong("radix.lock_handle", lock_handle=_lock_recount(max))
+wrong("radix.lock_handle", lock_handle=_lock_recount(sum))
 
 
 def _lock_recursive(self, handle, unlock=False):
@@ -417,6 +520,7 @@ def _lock_recursive(self, handle, unlock=False):
 
 
 right("radix.lock_handle", lock_handle=_lock_recursive)
+right("radix.harden_lock", lock_handle=_lock_recursive)
 
 
 # -- radix.evict -------------------------------------------------------------------------------
@@ -826,6 +930,130 @@ wrong(
 )
 
 
+# -- issue 26: one wrong answer per class of input the checks now draw or watch ------------------------
+
+
+def _integrity_contiguous(self):  # demands that a node's slots count up, as they do when the pool is fresh
+    NS["check_integrity"](self)
+    for node in _all_nodes(self):
+        values = node.value.tolist()
+        if values != list(range(values[0], values[0] + len(values))):
+            raise IntegrityError("slots", "a node's slots must be contiguous", node)
+
+
+wrong("radix.check_integrity", check_integrity=_integrity_contiguous)
+
+
+def _split_stale_length(self, node, pos):  # sets key and value by hand: node.length is left as it was
+    if not 0 < pos < node.length:
+        raise ValueError("pos")
+    upper = RadixTreeNode(node.timestamp)
+    upper.set_key_value(node.key[:pos], node.value[:pos])
+    upper.ref_count = node.ref_count
+    upper.set_parent(node.parent, self.page_size)
+    node.key, node.value = node.key[pos:], node.value[pos:]
+    node.set_parent(upper, self.page_size)
+    return upper
+
+
+wrong("radix.split_at", split_at=_split_stale_length)
+
+
+def _match_memo(self, input_ids):  # keeps each path's slots on its node and hands out the same tensor
+    handle, indices = NS["match_prefix"](self, input_ids)
+    node = handle.node
+    kept = getattr(node, "_kept", None)
+    if kept is None or kept.tolist() != indices.tolist():
+        node._kept = kept = indices
+    return handle, kept
+
+
+def _match_copied_node(self, input_ids):  # the handle holds a copy of the node, not the tree's own
+    handle, indices = NS["match_prefix"](self, input_ids)
+    node = handle.node
+    if node is self.root_node:
+        return handle, indices
+    copy = RadixTreeNode(node.timestamp)
+    copy.set_key_value(node.key, node.value)
+    copy.parent, copy.ref_count = node.parent, node.ref_count
+    return NS["RadixCacheHandle"](handle.cached_len, copy), indices
+
+
+def _match_int64(self, input_ids):  # slots as int64 (the dtype of torch.tensor(list))
+    handle, indices = NS["match_prefix"](self, input_ids)
+    return handle, indices.long()
+
+
+for fn in (_match_memo, _match_copied_node, _match_int64):
+    wrong("radix.match_prefix", match_prefix=fn)
+wrong("radix.cache", Paged, match_prefix=_match_int64)
+
+
+def _insert_variant_keys(*, copy_ids=True, int32_slots=True):
+    def insert_prefix(self, input_ids, indices, *, handle=None):
+        ids, slots = token_array(input_ids), slot_tensor(indices)
+        if len(ids) != len(slots):
+            raise ValueError("lengths")
+        node, prefix_len = self.walk(ids)
+        if prefix_len < len(ids):
+            leaf = RadixTreeNode(self.clock)
+            key = ids[prefix_len:].copy() if copy_ids else ids[prefix_len:]
+            value = slots[prefix_len:].clone()
+            leaf.set_key_value(key, value if int32_slots else value.long())
+            leaf.set_parent(node, self.page_size)
+            self.evictable_size += leaf.length
+        return prefix_len
+
+    return insert_prefix
+
+
+wrong("radix.insert_prefix", insert_prefix=_insert_variant_keys(copy_ids=False))  # keeps the caller's buffer
+wrong("radix.insert_prefix", insert_prefix=_insert_variant_keys(int32_slots=False))
+
+
+def _evict_one_more(self, size):  # `while freed <= size`: one node too many when a node ends exactly at size
+    if size < 0:
+        raise ValueError("negative")
+    if size > self.evictable_size:
+        raise EvictionError("too much")
+    freed = NS["evict"](self, size)
+    if len(freed) == size and self.evictable_size:
+        freed = torch.cat([freed, NS["evict"](self, 1)])
+    return freed
+
+
+wrong("radix.evict", evict=_evict_one_more)
+wrong("radix.cache", Paged, evict=_evict_one_more)
+
+
+def _size_info_method(self):  # the @property line deleted
+    return NS["SizeInfo"](self.evictable_size, self.protected_size)
+
+
+for exercise_id in ("radix.lock_handle", "radix.evict", "radix.cache"):
+    wrong(exercise_id, Paged if exercise_id == "radix.cache" else Base, size_info=_size_info_method)
+
+
+def _reset_new_root(self):  # a fresh root, as __init__ makes one, but a new object
+    freed = NS["reset"](self)
+    self.root_node = RadixTreeNode()
+    self.root_node.ref_count = 1
+    return freed
+
+
+def _reset_new_root_unlocked(self):  # a fresh root that forgets the root's ref_count of 1
+    freed = NS["reset"](self)
+    self.root_node = RadixTreeNode()
+    return freed
+
+
+wrong("radix.cache", Paged, reset=_reset_new_root)
+wrong("radix.cache", Paged, reset=_reset_new_root_unlocked)
+wrong("radix.cache", Paged, lock_handle=_harden_largest)  # hardened, with the largest child for the sum
+right("radix.cache", Paged, lock_handle=_own_locks_by(largest=False))
+right("radix.cache", Paged, lock_handle=_lock_mini_sglang)
+
+
 # -- minikv's own answers, under other names ---------------------------------------------------------
 
 
@@ -906,8 +1134,6 @@ def test_the_time_message_does_not_contradict_itself() -> None:
     result = check("radix.walk", variant(walk=_walk_variant(stamp=False)))
     problem = result.smallest_failure.problem
     assert "newest time" in problem
-    import re
-
     times = re.findall(r"t=(\d+)", problem)
     assert len(set(times)) == len(times), problem  # "should carry t=3, but it has t=3" never again
 
@@ -956,6 +1182,108 @@ def test_the_smallest_failing_case_is_reported() -> None:
     failing = [case for case in result.cases if not case.passed]
     assert len(failing) >= 2
     assert result.smallest_failure is min(failing, key=lambda case: case.size)
+
+
+# -- issue 26: reports that blame no one but the learner, and say what went wrong ------------------------
+
+
+def _problem(exercise_id: str, cls: type) -> str:
+    result = check(exercise_id, cls)
+    assert not result.passed, exercise_id
+    failure = result.smallest_failure
+    return f"{failure.problem}\n{failure.expected}\n{failure.got}"
+
+
+def test_a_stale_length_after_a_split_is_named_not_blamed_on_the_checker() -> None:
+    text = _problem("radix.split_at", variant(split_at=_split_stale_length))
+    assert "the checker could not use" not in text
+    assert "length" in text and "set_key_value" in text, text
+
+
+def test_a_size_info_without_property_gets_its_own_message() -> None:
+    for exercise_id in ("radix.lock_handle", "radix.evict", "radix.walk"):
+        text = _problem(exercise_id, variant(size_info=_size_info_method))
+        assert "@property" in text and "the checker could not use" not in text, text
+
+
+def test_a_cycle_the_checker_made_is_not_blamed_on_the_learner() -> None:
+    result = check("radix.check_integrity", variant(check_integrity=lambda self: None))
+    cycle = next(c for c in result.cases if "cycle" in c.description)
+    assert not cycle.passed
+    assert "your code" not in cycle.expected and "your tree" not in cycle.expected, cycle.expected
+    assert "cycle" in cycle.expected
+
+
+def test_when_only_the_outcome_differs_the_report_does_not_speak_of_last_use() -> None:
+    text = _problem("radix.cache", variant(Paged, match_prefix=_match_int64))
+    assert "int64" in text and "order of last use" not in text, text
+    assert "only the outcome" in text, text
+
+
+def test_over_eviction_is_reported_as_a_count() -> None:
+    text = _problem("radix.evict", variant(evict=_evict_one_more))
+    assert re.search(r"evicted \d+ slots, but \d+ were needed", text), text
+
+
+def test_a_random_lock_case_shows_the_shortest_sequence_of_calls() -> None:
+    result = check("radix.lock_handle", variant(lock_handle=_lock_variant(every_change=True)))
+    drawn = [c for c in result.cases if "drawn at random" in c.description and not c.passed]
+    assert drawn
+    for case in drawn:
+        assert "the shortest sequence of calls found that fails has" in case.problem
+        assert "the calls:" in case.expected and "<- fails here" in case.expected
+        calls = [line for line in case.expected.splitlines() if re.match(r"\s+\d+\. ", line)]
+        assert 1 <= len(calls) <= 4, case.expected
+
+
+@pytest.mark.parametrize("reset", [_reset_new_root, _reset_new_root_unlocked])
+def test_a_bug_in_reset_is_blamed_on_reset(reset: Callable) -> None:
+    text = _problem("radix.cache", variant(Paged, reset=reset))
+    first = text.splitlines()[0]
+    assert "your reset" in first and "lock_handle" not in first, text
+
+
+def test_mini_sglangs_lock_handle_passes_the_core_task_and_not_the_hardening() -> None:
+    cls = variant(lock_handle=_lock_mini_sglang)
+    assert check("radix.lock_handle", cls).passed
+    assert not check("radix.harden_lock", cls).passed
+    assert check("radix.cache", variant(Paged, lock_handle=_lock_mini_sglang)).passed
+
+
+def test_the_largest_child_for_the_sum_fails_the_hardening_and_the_whole_cache() -> None:
+    text = _problem("radix.harden_lock", variant(lock_handle=_harden_largest))
+    assert "LockError" in text
+    text = _problem("radix.cache", variant(Paged, lock_handle=_harden_largest))
+    assert "lock_handle(its handle, unlock=True)" in text and "LockError" in text, text
+
+
+def test_healthy_trees_with_scattered_slots_are_drawn() -> None:
+    """The integrity check shows trees whose nodes hold slots that do not count up, at several page sizes."""
+    from minikv.exercises._trees import snapshot
+
+    page_sizes = set()
+    for tree in radix_checks.drawn_trees(800, 24):
+        manager, _ = tree.build()
+        for view in snapshot(manager).views():
+            slots = list(view.slots)
+            if slots != list(range(slots[0], slots[0] + len(slots))):
+                page_sizes.add(tree.page_size)
+    assert page_sizes >= {1, 2, 3, 4, 8}, page_sizes
+
+
+BUDGET_S = dict.fromkeys(chapter_ids("radix"), 2.0) | {"radix.cache": 5.0}
+"""Each check's time budget on one CPU core (issue 26), for the solution."""
+
+
+@pytest.mark.parametrize("exercise_id", chapter_ids("radix"))
+def test_each_check_stays_within_its_time_budget(exercise_id: str) -> None:
+    """CPU time, not wall time, so that a loaded machine does not fail it; and three times the budget, so that
+    only a real regression (more draws than the budget affords, or a slow checker) does."""
+    start = time.process_time()
+    result = check(exercise_id, solution_for(exercise_id))
+    spent = time.process_time() - start
+    assert result.passed, str(result)
+    assert spent < 3 * BUDGET_S[exercise_id], f"{exercise_id} took {spent:.2f} s of CPU time"
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

@@ -371,58 +371,93 @@ check("radix.insert_prefix", MyRadixCache)
 #   the request uses the KV of the whole path. Locks nest: each lock needs its own unlock.
 # * When a node goes from unlocked to locked its slots move from `evictable_size` to
 #   `protected_size`, and back when it goes from locked to unlocked.
-# * A lock belongs to the node its handle ends at. Unlocking a handle whose node holds no lock
-#   of its own raises `LockError` and changes nothing, even when a deeper lock passes through
-#   that node.
+# * An unlock undoes one lock of the same handle: the caller (a request that finishes) unlocks
+#   exactly what it locked, so this task trusts it, as mini-sglang does.
 # * A lock is not a use: no timestamp changes, and the clock does not tick.
 # * The handle of an empty match points at the root: nothing to do.
 #
 # mini-sglang once stepped to the parent before the first update, which skipped the handle's
-# own node and touched the root (commit `8827b0f`). The checker looks for both.
+# own node and touched the root (commit `8827b0f`). The checker looks for both. It also locks
+# two branches below one node and unlocks that node while both stay locked: its `ref_count`
+# counts every lock that passes through it.
 #
-# ```{admonition} Hint 1: a lock of its own
+# ```{admonition} Hint
 # :class: dropdown
-# You may keep no extra state, but you do not need any: every lock that passes through a node
-# also passes through exactly one of its children, or ends at the node itself. Compare the
-# node's `ref_count` with its children's.
-# ```
-#
-# ```{admonition} Hint 2: refusing cleanly
-# :class: dropdown
-# Decide whether an unlock is allowed before you change any node.
+# One loop from the handle's node up to (not including) the root. The slots move between the
+# counters only when a node's `ref_count` changes between 0 and 1.
 # ```
 
 
 # %%
 def lock_handle(self, handle: RadixCacheHandle, unlock: bool = False) -> None:
     ### BEGIN SOLUTION
-    path = []
     node = handle.node
     while node is not self.root_node:
-        path.append(node)
+        if unlock:
+            node.ref_count -= 1
+            if node.ref_count == 0:
+                self.protected_size -= node.length
+                self.evictable_size += node.length
+        else:
+            if node.ref_count == 0:
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.ref_count += 1
         node = node.parent
-    if not path:
-        return
-    if unlock:
-        own = path[0].ref_count - sum(child.ref_count for child in path[0].children.values())
-        if own <= 0:
-            raise LockError("handle: its node holds no lock of its own")
-        for n in path:
-            n.ref_count -= 1
-            if n.ref_count == 0:
-                self.protected_size -= n.length
-                self.evictable_size += n.length
-    else:
-        for n in path:
-            if n.ref_count == 0:
-                self.evictable_size -= n.length
-                self.protected_size += n.length
-            n.ref_count += 1
     ### END SOLUTION
 
 
 MyRadixCache.lock_handle = lock_handle
 check("radix.lock_handle", MyRadixCache)
+
+# %% [markdown]
+# ## Optional task 5.6b · `radix.harden_lock` (medium): harden it
+#
+# Your `lock_handle` is mini-sglang's, and SGLang's does the same: it trusts its caller. A
+# caller with a bug (a request finished twice, or a handle unlocked that was never locked)
+# silently drives a count down that another request's lock holds up, and eviction may then
+# take slots that request still reads. minikv's `RadixCacheManager` refuses such a call
+# instead. Harden yours the same way, in a subclass, so the rest of the exercise keeps the
+# version above:
+#
+# * A lock belongs to the node its handle ends at. Unlocking a handle whose node holds no lock
+#   of its own raises `LockError` and changes nothing, even when deeper locks pass through that
+#   node.
+# * Everything else stays as in Task 5.6.
+#
+# This task is optional: the later tasks do not need it. (`radix.cache` also tries unlocks
+# nobody took, but only on a class whose `lock_handle` refuses them.)
+#
+# ```{admonition} Hint 1: a lock of its own
+# :class: dropdown
+# You may keep no extra state, and you do not need any: every lock that passes through a node
+# either ends at the node itself or also passes through exactly one of its children. Compare
+# the node's `ref_count` with its children's.
+# ```
+#
+# ```{admonition} Hint 2: refusing cleanly
+# :class: dropdown
+# Decide whether an unlock is allowed before you change any node; then let Task 5.6's method do
+# the work (`super()`).
+# ```
+
+
+# %%
+class MyHardenedRadixCache(MyRadixCache):
+    """MyRadixCache whose lock_handle refuses an unlock that no lock of the handle's node backs."""
+
+    def lock_handle(self, handle: RadixCacheHandle, unlock: bool = False) -> None:
+        ### BEGIN SOLUTION
+        node = handle.node
+        if unlock and node is not self.root_node:
+            own = node.ref_count - sum(child.ref_count for child in node.children.values())
+            if own <= 0:
+                raise LockError("handle: its node holds no lock of its own")
+        super().lock_handle(handle, unlock)
+        ### END SOLUTION
+
+
+check("radix.harden_lock", MyHardenedRadixCache)
 
 # %% [markdown]
 # ## Task 5.7 · `radix.evict` (hard)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..errors import IntegrityError
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
@@ -67,17 +68,26 @@ class Recipe:
     page_size: int = 1
     name: str = ""
     """Used instead of listing the operations (for large random recipes)."""
+    scatter: int = 0
+    """0: each prompt gets the next pages of the pool, so a node's slots count up. Otherwise the seed of a
+    shuffle of the pool's pages: a node's pages are anywhere (as a real pool hands them out), so a healthy
+    node's slots need not be contiguous beyond a page."""
 
     def build(self) -> tuple[RadixCacheManager, dict[tuple[int, ...], RadixCacheHandle]]:
         """A fresh manager, and the handles of the ``lock`` operations (latest per prefix)."""
         manager = RadixCacheManager("cpu", page_size=self.page_size)
         handles: dict[tuple[int, ...], RadixCacheHandle] = {}
+        ps = self.page_size
+        total = sum(-(-len(op.ids) // ps) for op in self.ops if op.kind == "insert")
+        order = list(range(total))
+        if self.scatter:
+            random.Random(self.scatter).shuffle(order)
         next_page = 0
         for op in self.ops:
             if op.kind == "insert":
-                pages = -(-len(op.ids) // self.page_size)
-                slots = list(range(next_page * self.page_size, next_page * self.page_size + len(op.ids)))
-                next_page += pages
+                pages = order[next_page : next_page + -(-len(op.ids) // ps)]
+                slots = [page * ps + offset for page in pages for offset in range(ps)][: len(op.ids)]
+                next_page += len(pages)
                 manager.insert_prefix(list(op.ids), slots)
             elif op.kind == "match":
                 manager.match_prefix(list(op.ids))
@@ -102,12 +112,18 @@ class Recipe:
         return sum(len(op.ids) for op in self.ops if op.kind == "insert")
 
 
-def recipe(*ops: Op, page_size: int = 1) -> Recipe:
-    return Recipe(tuple(ops), page_size)
+def recipe(*ops: Op, page_size: int = 1, scatter: int = 0) -> Recipe:
+    return Recipe(tuple(ops), page_size, scatter=scatter)
 
 
 def random_recipe(
-    seed: int, num_prompts: int, page_size: int = 1, vocab: int = 4, max_len: int = 12, lock_every: int = 0
+    seed: int,
+    num_prompts: int,
+    page_size: int = 1,
+    vocab: int = 4,
+    max_len: int = 12,
+    lock_every: int = 0,
+    scatter: bool = False,
 ) -> Recipe:
     """Prompts over a tiny vocabulary, so they share prefixes and split each other's nodes.
 
@@ -133,23 +149,31 @@ def random_recipe(
     name = (
         f"a random tree from {num_prompts} prompts (seed {seed}"
         + (f", page_size {page_size}" if page_size > 1 else "")
+        + (", slots scattered over the pool" if scatter else "")
         + ")"
     )
-    return Recipe(tuple(ops), page_size, name)
+    return Recipe(tuple(ops), page_size, name, scatter=seed + 1 if scatter else 0)
 
 
 # -- finding nodes without changing the tree ---------------------------------
 
 
 def find_node(manager: RadixCacheManager, path: Sequence[int]) -> RadixTreeNode:
-    """The node whose path from the root spells exactly ``path`` (no split, no time stamp)."""
+    """The node whose path from the root spells exactly ``path`` (no split, no time stamp).
+
+    On a learner's tree, call :func:`node_problem` first: this walk trusts what it reads.
+    A path that no node ends at is a :class:`Mismatch` naming it (the learner's tree lost it).
+    """
     node = manager.root_node
     pos = 0
     while pos < len(path):
-        node = node.children[child_key(_np(path[pos:]), manager.page_size)]
-        pos += node.length
-    if pos != len(path) or tuple(path_of(node)) != tuple(path):  # pragma: no cover - recipes are written here
-        raise ValueError(f"no node ends exactly at {list(path)}")
+        child = node.children.get(child_key(_np(path[pos:]), manager.page_size))
+        if child is None:
+            break
+        node = child
+        pos += len(node.key)
+    if pos != len(path) or tuple(path_of(node)) != tuple(path):
+        raise Mismatch(f"no node of your tree ends at {_tokens(tuple(path))}: the tree lost that prefix.")
     return node
 
 
@@ -170,8 +194,35 @@ def _label(node: object) -> str:
     return "the root" if not len(key) and getattr(node, "parent", None) is None else f"the node {_tokens(tuple(key))}"
 
 
-def shape_problem(manager: object) -> str | None:
-    """Why the tree under ``manager.root_node`` is not a tree (a cycle, a node in two places), or None."""
+def node_problem(manager: object) -> str | None:
+    """Why a node of the tree (a tree: call :func:`shape_problem` first) is not what the checker can read:
+    a key that is not an int64 NumPy array, a value that is not an int32 tensor, or a ``length`` that
+    disagrees with them (set by hand instead of with ``set_key_value``). None if every node is fine."""
+    stack = list(manager.root_node.children.values())  # type: ignore[attr-defined]
+    while stack:
+        node = stack.pop()
+        key, value, length = getattr(node, "key", None), getattr(node, "value", None), getattr(node, "length", None)
+        name = _label(node)
+        if not isinstance(key, np.ndarray) or key.dtype != np.int64 or key.ndim != 1:
+            what = f"a {key.dtype} array" if isinstance(key, np.ndarray) else type(key).__name__
+            return f"{name} has a key of type {what}: a key is a 1-D int64 NumPy array."
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int32 or value.dim() != 1:
+            what = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+            return f"{name} has a value of type {what}: a value is a 1-D int32 tensor of slots."
+        if length != len(key) or length != len(value):
+            return (
+                f"{name} has length {length}, but its key holds {len(key)} tokens and its value {len(value)} "
+                "slots: set both with node.set_key_value(key, value), which keeps node.length in step."
+            )
+        stack.extend(node.children.values())
+    return None
+
+
+def shape_problem(manager: object, yours: bool = True) -> str | None:
+    """Why the tree under ``manager.root_node`` is not a tree (a cycle, a node in two places), or None.
+
+    ``yours``: the learner's code made the tree (the sentence says where to look); False for a tree the
+    checker broke on purpose, which is only described."""
     root = getattr(manager, "root_node", None)
     if root is None or not isinstance(getattr(root, "children", None), dict):
         return "the cache has no root_node with a children dict: keep the given __init__, which makes them."
@@ -184,6 +235,10 @@ def shape_problem(manager: object) -> str | None:
             return f"{_label(node)} has children of type {type(children).__name__}, not a dict."
         for child in children.values():
             if id(child) in on_path:
+                if not yours:
+                    return (
+                        f"a cycle: {_label(child)} is listed among the children of {_label(node)}, which is below it."
+                    )
                 return (
                     f"your tree has a cycle: {_label(child)} is listed among the children of {_label(node)}, "
                     "which is below it. Look at where your code files a node in a children dict "
@@ -199,6 +254,17 @@ def shape_problem(manager: object) -> str | None:
                 return f"the tree has more than {MAX_NODES} nodes."
             stack.append((child, (*on_path, id(child))))
     return None
+
+
+def all_nodes(manager: object) -> list[RadixTreeNode]:
+    """Every node under the root (a tree: call :func:`shape_problem` first), parents first."""
+    out: list[RadixTreeNode] = []
+    stack = list(manager.root_node.children.values())  # type: ignore[attr-defined]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
 
 
 def clone_into(target: object, source: RadixCacheManager) -> dict[int, RadixTreeNode]:
@@ -260,15 +326,18 @@ def checker_walk(cache: object, ids: Sequence[int]) -> None:
 # -- snapshots ------------------------------------------------------------------
 
 
-def snapshot(manager: object) -> TreeSnapshot:
+def snapshot(manager: object, strict: bool = True) -> TreeSnapshot:
     """The tree of ``manager`` (minikv's or a learner's), read once; a tree that cannot be read is a Mismatch.
 
     A cycle (a node listed below itself) or a node listed in two places is reported as such,
     before anything walks the tree, so that no walk runs forever or blames the wrong thing.
     The checker compares these :class:`~minikv.snapshot.TreeSnapshot` values, the same ones the
-    chapters draw.
+    chapters draw. ``strict``: also refuse a node whose key, value and length disagree (:func:`node_problem`);
+    False only for trees the checker broke on purpose.
     """
     problem = shape_problem(manager)
+    if problem is None and strict:
+        problem = node_problem(manager)
     if problem is not None:
         raise Mismatch(problem)
     if int(getattr(manager.root_node, "length", 0)) != 0:  # type: ignore[attr-defined]
@@ -322,11 +391,12 @@ def compare(expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, time
 
 
 def tree_mismatch(
-    problem: str, expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True
+    problem: str, expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True, same: str = ""
 ) -> Mismatch:
-    """A Mismatch whose ``expected`` is both trees side by side and whose ``got`` is the lines that differ."""
+    """A Mismatch whose ``expected`` is both trees side by side and whose ``got`` is the lines that differ
+    (``same``: what to say when the drawings do not differ, see :func:`line_diff`)."""
     left, right = render(expected, values, times), render(got, values, times)
-    return Mismatch(problem, side_by_side(left, right), line_diff(left, right))
+    return Mismatch(problem, side_by_side(left, right), line_diff(left, right, same))
 
 
 def side_by_side(left: str, right: str, titles: tuple[str, str] = ("the expected tree", "your tree")) -> str:
@@ -337,11 +407,13 @@ def side_by_side(left: str, right: str, titles: tuple[str, str] = ("the expected
     return "\n".join(rows)
 
 
-def line_diff(left: str, right: str) -> str:
-    """The lines of two drawings that differ: ``-`` only in the expected tree, ``+`` only in yours."""
+def line_diff(left: str, right: str, same: str = "") -> str:
+    """The lines of two drawings that differ: ``-`` only in the expected tree, ``+`` only in yours.
+
+    ``same``: what to say when the drawings do not differ (by default: the difference is the one named)."""
     changed = [line for line in difflib.ndiff(left.splitlines(), right.splitlines()) if line.startswith(("- ", "+ "))]
     if not changed:
-        return "the drawings are the same (the difference is in what they leave out: the order of last use)"
+        return same or "the drawings are the same: the difference is the one named above, which they do not show"
     return "what differs (- expected, + yours):\n" + "\n".join(changed)
 
 

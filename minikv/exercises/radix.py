@@ -50,9 +50,9 @@ from ._core import (
     outcome,
 )
 from ._trees import Recipe, insert, lock, match, random_recipe, recipe
-from .radix_history import describe_history, random_history, run_history, shrink
+from .radix_history import describe_history, fork_history, random_history, run_history, shrink
 
-__all__ = ["TASKS", "explain_errors", "is_stub"]
+__all__ = ["TASKS", "explain_errors", "is_stub", "refuses_foreign_unlocks"]
 
 _F = Callable[..., object]
 
@@ -127,6 +127,14 @@ class Subject:
             getattr(cache, "protected_size", None),
             getattr(cache, "clock", None),
         )
+        info = getattr(type(cache), "size_info", None)
+        if callable(info):
+            raise Mismatch(
+                f"{self.name}.size_info is a method: it must be a property, so that callers read cache.size_info "
+                "without calling it. Keep the skeleton's @property line above def size_info.",
+                "cache.size_info is a SizeInfo",
+                "cache.size_info is a bound method",
+            )
         if state != (True, 1, page_size, 0, 0, 0) or not callable(getattr(cache, "tick", None)):
             raise Mismatch(
                 f"{made} must start as the skeleton's __init__ makes it: an empty root with ref_count 1, "
@@ -214,6 +222,35 @@ def _pair(
     return cache, ref, copies, handles
 
 
+_SHAPES = [(1, 4, 12), (2, 3, 16), (3, 3, 18), (4, 3, 24), (8, 2, 32), (16, 2, 48)]
+"""The random trees the checks draw: page size, vocabulary, longest prompt (every page size a task allows
+a learner to meet: 1, and powers of two and an odd size for the page-aware code)."""
+
+
+def drawn_trees(
+    base: int, count: int, page_sizes: Sequence[int] = (1, 2, 3, 4, 8, 16), prompts: int = 10
+) -> list[Recipe]:
+    """``count`` random trees, cycling through the page sizes. Every other one has its slots scattered over
+    the pool (a healthy node's slots need not count up beyond a page), alternating each round so that
+    every page size gets both; two in three have some locks."""
+    shapes = [shape for shape in _SHAPES if shape[0] in page_sizes]
+    out = []
+    for i in range(count):
+        ps, vocab, max_len = shapes[i % len(shapes)]
+        out.append(
+            random_recipe(
+                base + i,
+                prompts,
+                page_size=ps,
+                vocab=vocab,
+                max_len=max_len,
+                lock_every=(3 if i % 3 else 0),
+                scatter=(i + i // len(shapes)) % 2 == 1,
+            )
+        )
+    return out
+
+
 def _times(state: TreeSnapshot) -> list[tuple[tuple[int, ...], int]]:
     """Each node's path from the root and its last-use time."""
     return [(view.path, view.timestamp) for view in state.views()]
@@ -284,7 +321,7 @@ def _match_len_cases() -> list[Case]:
         ("1000 equal tokens", long, list(long)),
     ]
     rng = random.Random(51)
-    for i in range(12):
+    for i in range(400):
         common = [rng.choice([0, 1, rng.randrange(-(2**62), 2**62)]) for _ in range(rng.randint(0, 30))]
         a = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
         b = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
@@ -336,15 +373,20 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
                 )
                 continue
             clock = cache.clock
+            before = {id(n) for n in _trees.all_nodes(cache)}
             upper = subject.call(cache.split_at, node, pos)
             ref_node.split_at(pos, ps)
             if not isinstance(upper, RadixTreeNode):
-                raise Mismatch(f"{what} must return the new upper node.", "a RadixTreeNode", repr(upper))
+                raise Mismatch(f"{what} must return the new upper node.", "a RadixTreeNode", repr(upper)[:120])
             if upper is node:
                 raise Mismatch(
                     f"{what} returned the node it was given. That node must stay the *lower* half, because handles point at it and must still name the same prefix; a new node becomes the upper half."
                 )
-            problem = _trees.shape_problem(cache)
+            if id(upper) in before:
+                raise Mismatch(
+                    f"{what} returned a node that was already in the tree: the upper half must be a new RadixTreeNode, and the node you were given the lower half."
+                )
+            problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
             if problem is not None:
                 raise Mismatch(f"after {what}: {problem}")
             if node.parent is not upper:
@@ -413,6 +455,7 @@ def _split_cases() -> list[Case]:
         _split_case("page_size 2: split a 6-token node after its first page", recipe(insert(*range(6)), page_size=2), [(tuple(range(6)), 2)]),
         _split_case("page_size 4: split a 12-token node with a child after 8 tokens", recipe(insert(*range(12)), insert(*range(16)), page_size=4), [(tuple(range(12)), 8)]),
         *(_split_case(t.describe() + f", split {n} times", t, _random_splits(s, t, n)) for s, (t, n) in enumerate(zip(trees, (6, 6, 6, 20), strict=True))),
+        *(_split_case(t.describe() + ", split 8 times", t, _random_splits(700 + i, t, 8)) for i, t in enumerate(drawn_trees(700, 48))),
     ]  # fmt: skip
 
 
@@ -508,22 +551,50 @@ def _walk_cases() -> list[Case]:
         _walk_case("token ids above 2**31", big_ids, [(2**40, 5, 2**31 + 1, 9), (2**40, 5, 8)]),
         _walk_case(rnd.describe() + ", 10 walks", rnd, _random_inputs(rng, rnd, 10, 4, 12)),
         _walk_case(big.describe() + ", 30 walks", big, _random_inputs(rng, big, 30, 5, 24)),
+        *(_walk_case(t.describe() + ", 12 walks", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(720, 50, (1,))),
     ]  # fmt: skip
 
 
 # -- radix.match_prefix ---------------------------------------------------------------------------
 
 
-def _as_kind(ids: tuple[int, ...], kind: int) -> Any:
-    """The ids as a list, a read-only NumPy array or an int64 tensor: every form a caller may pass."""
+def _as_kind(ids: tuple[int, ...], kind: int, writeable: bool = False) -> Any:
+    """The ids as a list, a NumPy array (read-only unless ``writeable``) or an int64 tensor: every form a
+    caller may pass."""
     if kind == 0:
         return list(ids)
     if kind == 1:
-        return _arr(ids)
+        return _arr(ids, writeable)
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def _check_match(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tuple[int, ...], kind: int) -> None:
+def _shares_memory(a: torch.Tensor, b: Any) -> bool:
+    """Whether two tensors (or a tensor and a NumPy array) share any byte of memory."""
+    if isinstance(b, np.ndarray):
+        if not b.size:
+            return False
+        b = torch.from_numpy(b) if b.flags.writeable else torch.from_numpy(b.copy())
+    if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.data_ptr()
+        return start, start + (t.numel() - 1) * max(t.stride() or (1,)) * t.element_size() + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _check_match(
+    subject: Subject,
+    cache: Any,
+    ref: RadixCacheManager,
+    ids: tuple[int, ...],
+    kind: int,
+    earlier: list[torch.Tensor] | None = None,
+) -> None:
+    """One match on both trees; ``earlier``: what the learner's earlier matches returned (the caller owns each)."""
+    earlier = [] if earlier is None else earlier
     ref_handle, ref_indices = ref.match_prefix(list(ids))
     given = _as_kind(ids, kind)
     result = subject.call(cache.match_prefix, given)
@@ -548,10 +619,31 @@ def _check_match(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tupl
             str(ref_indices.tolist()),
             str(indices.tolist()),
         )
+    for i, old in enumerate(earlier):
+        if indices is old or _shares_memory(indices, old):
+            raise Mismatch(
+                f"{what} returned a tensor that shares its memory with what match_prefix returned {len(earlier) - i} call(s) before: each caller owns what it gets and may write into it, so every call must return a new tensor."
+            )
+    if isinstance(given, torch.Tensor) and _shares_memory(indices, given):
+        raise Mismatch(f"{what} returned a tensor that shares its memory with the input_ids it was given.")
+    earlier.append(indices)
     expected_path = _trees.path_of(ref_handle.node)
-    problem = _trees.shape_problem(cache)
+    problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
     if problem is not None:
         raise Mismatch(f"after {what}: {problem}")
+    if expected_path and not isinstance(handle.node, RadixTreeNode):
+        raise Mismatch(
+            f"{what}: the handle must name the node where the match ends.", "a RadixTreeNode", repr(handle.node)[:120]
+        )
+    if (
+        expected_path
+        and handle.node.parent is not None
+        and _trees.path_of(handle.node) == expected_path
+        and _trees.find_node(cache, expected_path) is not handle.node
+    ):
+        raise Mismatch(
+            f"{what}: the handle names a node that is not in your tree, though it spells the same prefix (a copy?). The handle must hold the tree's own node: lock_handle walks up from it."
+        )
     if (handle.node is cache.root_node) != (not expected_path) or (
         expected_path and _trees.path_of(handle.node) != expected_path
     ):
@@ -586,8 +678,9 @@ def _match_cases() -> list[Case]:
     def case(desc: str, tree: Recipe, inputs: list[tuple[int, ...]]) -> Case:
         def body(subject: Subject) -> None:
             cache, ref, _, _ = _pair(subject, tree)
+            earlier: list[torch.Tensor] = []
             for i, ids in enumerate(inputs):
-                _check_match(subject, cache, ref, ids, i % 3)
+                _check_match(subject, cache, ref, ids, i % 3, earlier)
 
         return Case(desc, tree.num_tokens + sum(len(i) for i in inputs), _grade(("match_prefix",), body))
 
@@ -600,6 +693,8 @@ def _match_cases() -> list[Case]:
         case("the returned indices are the caller's own", recipe(insert(5, 6, 7)), [(5, 6, 7)]),
         case(rnd.describe() + ", 12 matches", rnd, _random_inputs(rng, rnd, 12, 4, 12)),
         case(big.describe() + ", 30 matches", big, _random_inputs(rng, big, 30, 5, 24)),
+        case("the same prefix matched three times: three tensors, each the caller's own", two, [(1, 2, 3, 4, 5, 6)] * 3 + [(7, 8)] * 3),
+        *(case(t.describe() + ", 12 matches", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(740, 45, (1,))),
     ]  # fmt: skip
 
 
@@ -628,7 +723,10 @@ def _check_insert(
     ref_kwargs = {} if step.handle_of is None else {"handle": handles[step.handle_of]}
     mine_kwargs = {} if step.handle_of is None else {"handle": _trees.translate(handles[step.handle_of], copies)}
     expected = ref.insert_prefix(list(ids), slots.clone(), **ref_kwargs)
-    given_ids, given = _as_kind(ids, step.kind), slots.clone()
+    given_ids = _as_kind(ids, step.kind, writeable=True)  # the caller's own buffers, which it reuses after the call
+    row = torch.full((len(slots) + 2,), 7777, dtype=torch.int32)
+    row[1 : len(slots) + 1] = slots
+    given = row[1 : len(slots) + 1]  # a view into the caller's page table, as a request's row is
     got = expect_int("insert_prefix's result", subject.call(cache.insert_prefix, given_ids, given, **mine_kwargs))
     what = f"insert_prefix({_short(ids)}, slots {_short(slots.tolist())}" + (
         ", handle=its locked match)" if mine_kwargs else ")"
@@ -645,15 +743,21 @@ def _check_insert(
         raise Mismatch(
             f"{what} changed the indices it was given: the caller's tensor is a row of its page table, read it only."
         )
-    problem = _trees.shape_problem(cache)
+    problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
     if problem is not None:
         raise Mismatch(f"after {what}: {problem}")
-    given.fill_(-5)  # the caller reuses its page-table row; the tree must have kept a copy
+    row.fill_(-5)  # the caller reuses its page-table row; the tree must have kept a copy
+    if isinstance(given_ids, list):
+        given_ids[:] = [-9] * len(given_ids)
+    else:
+        given_ids[:] = -9  # and its token buffer
     mine = _trees.snapshot(cache)
     difference = _trees.first_difference(_trees.snapshot(ref), mine)
     if difference is not None:
         if any(-5 in n.slots for n in _trees.nodes_of(mine)):
             difference += " (The tree shows -5: the caller overwrote its indices after the call, and the tree saw it. Store a copy: .clone().)"
+        elif any(-9 in n.tokens for n in _trees.nodes_of(mine)):
+            difference += " (The tree shows token -9: the caller overwrote its input_ids after the call, and the tree saw it. Store a copy of the tokens: .copy().)"
         raise _trees.tree_mismatch(f"after {what}: {difference}", _trees.snapshot(ref), mine)
 
 
@@ -721,80 +825,270 @@ def _insert_cases() -> list[Case]:
         _insert_case("token ids above 2**31", recipe(), [_Insert((2**40, 7, 2**31 + 3)), _Insert((2**40, 7, 9))]),
         _insert_case("twelve prompts over a tiny vocabulary", recipe(), _random_inserts(71, 12, 3, 8), seed=1),
         _insert_case("forty prompts, some locked first", random_recipe(72, 10, lock_every=3), _random_inserts(73, 40, 3, 12), seed=2),
+        *(_insert_case(t.describe() + ", 12 more prompts", t, _random_inserts(760 + i, 12, 4, 12), seed=760 + i) for i, t in enumerate(drawn_trees(760, 40, (1,)))),
     ]  # fmt: skip
 
 
-# -- radix.lock_handle ---------------------------------------------------------------------------------
+# -- radix.lock_handle and radix.harden_lock ---------------------------------------------------------
 
 
-def _lock_case(desc: str, tree: Recipe, steps: list[tuple[str, tuple[int, ...]]]) -> Case:
-    """``steps``: ("lock", ids) with a fresh match's handle; ("unlock", ids) with that lock's handle;
-    ("unlock_unlocked", ids): a fresh match's handle that holds no lock of its own (must raise);
-    ("match", ids): a match done by the checker on both trees (it may split a locked node)."""
+@dataclass(frozen=True)
+class _LockStep:
+    """One call of a lock case. ``kind``: "lock" (a fresh match's handle, locked), "unlock" (the handle of
+    the lock labelled ``label``), "match" (a match the checker does on both trees: it may split a locked
+    node), "refuse" (unlock a fresh match's handle whose node holds no lock of its own: LockError)."""
+
+    kind: str
+    ids: tuple[int, ...]
+    label: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "lock":
+            return f"lock the match of {_short(self.ids)} (lock #{self.label})"
+        if self.kind == "unlock":
+            return f"unlock lock #{self.label} (the match of {_short(self.ids)})"
+        if self.kind == "match":
+            return f"match {_short(self.ids)} (the checker's own walk, on both trees)"
+        return f"unlock the match of {_short(self.ids)}, which holds no lock of its own (must be refused)"
+
+
+def _steps(*calls: tuple[str, tuple[int, ...]]) -> list[_LockStep]:
+    """Written steps: each ("unlock", ids) undoes the latest lock of ``ids`` not yet undone."""
+    out, open_locks = [], dict[tuple[int, ...], list[int]]()
+    for i, (kind, ids) in enumerate(calls):
+        label = 0
+        if kind == "lock":
+            label = i + 1
+            open_locks.setdefault(ids, []).append(label)
+        elif kind == "unlock":
+            label = open_locks[ids].pop()
+        out.append(_LockStep(kind, ids, label))
+    return out
+
+
+class _StepFailed(Exception):
+    def __init__(self, index: int, mismatch: Mismatch) -> None:
+        self.index, self.mismatch = index, mismatch
+
+
+def _play_locks(subject: Subject, tree: Recipe, steps: Sequence[_LockStep]) -> None:
+    """Play ``steps`` on the learner's copy of ``tree`` and on minikv's; :class:`_StepFailed` at the first
+    difference."""
+    cache, ref, _, _ = _pair(subject, tree)
+    handles: dict[int, tuple[RadixCacheHandle, RadixCacheHandle]] = {}
+    for index, step in enumerate(steps):
+        try:
+            _play_lock_step(subject, cache, ref, handles, step)
+        except Mismatch as mismatch:
+            raise _StepFailed(index, mismatch) from None
+
+
+def _play_lock_step(
+    subject: Subject,
+    cache: Any,
+    ref: RadixCacheManager,
+    handles: dict[int, tuple[RadixCacheHandle, RadixCacheHandle]],
+    step: _LockStep,
+) -> None:
+    ids = step.ids
+    if step.kind in ("match", "lock", "refuse"):
+        ref_handle = ref.match_prefix(list(ids))[0]
+        _trees.checker_walk(cache, ids)
+        node = _trees.find_node(cache, _trees.path_of(ref_handle.node)) if ref_handle.cached_len else cache.root_node
+        pair = (RadixCacheHandle(ref_handle.cached_len, node), ref_handle)
+        if step.kind == "match":
+            return
+    before, clock = _trees.snapshot(cache), cache.clock
+    if step.kind == "refuse":
+        _expect_refusal(
+            subject,
+            cache,
+            LockError,
+            f"unlocking the match of {_short(ids)}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
+            cache.lock_handle,
+            pair[0],
+            unlock=True,
+        )
+        return
+    if step.kind == "lock":
+        handles[step.label] = pair
+        subject.call(cache.lock_handle, pair[0])
+        ref.lock_handle(pair[1])
+        when = f"after locking the match of {_short(ids)}"
+    else:
+        pair = handles.pop(step.label)
+        subject.call(cache.lock_handle, pair[0], unlock=True)
+        ref.lock_handle(pair[1], unlock=True)
+        when = f"after unlocking the match of {_short(ids)}"
+    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=when)
+    _same_times(before, _trees.snapshot(cache), clock, cache.clock, when.replace("after ", ""))
+
+
+def _without(steps: tuple[_LockStep, ...], i: int) -> tuple[_LockStep, ...]:
+    """``steps`` without step ``i`` (and, for a lock, without the unlock that undoes it)."""
+    gone = steps[i]
+    return tuple(
+        s
+        for j, s in enumerate(steps)
+        if j != i and not (gone.kind == "lock" and s.kind == "unlock" and s.label == gone.label)
+    )
+
+
+def _shortest_failing(
+    subject: Subject, tree: Recipe, steps: tuple[_LockStep, ...], failed: _StepFailed, budget: int = 60
+) -> tuple[tuple[_LockStep, ...], _StepFailed]:
+    """Cut a failing sequence down: up to the failing call, then drop calls one by one while it still fails."""
+
+    def fails(candidate: tuple[_LockStep, ...]) -> _StepFailed | None:
+        try:
+            _play_locks(subject, tree, candidate)
+        except _StepFailed as failure:
+            return failure
+        except (Mismatch, LearnerRaised):
+            return None  # a different kind of failure: keep the sequence we had
+        return None
+
+    steps = steps[: failed.index + 1]
+    progress = True
+    while progress and budget > 0:
+        progress = False
+        for i in range(len(steps) - 1, -1, -1):
+            if budget <= 0 or i >= len(steps):
+                continue
+            candidate = _without(steps, i)
+            if not candidate:
+                continue
+            budget -= 1
+            failure = fails(candidate)
+            if failure is not None:
+                steps, failed, progress = candidate[: failure.index + 1], failure, True
+    return steps, failed
+
+
+def _listing(tree: Recipe, steps: Sequence[_LockStep], failed_at: int) -> str:
+    start, _ = tree.build()
+    lines = [f"on {tree.describe()}:", _trees.render(TreeSnapshot.of(start)), "the calls:"]
+    for i, step in enumerate(steps):
+        lines.append(f"  {i + 1}. {step.describe()}" + ("   <- fails here" if i == failed_at else ""))
+    return "\n".join(lines)
+
+
+def _lock_case(desc: str, tree: Recipe, steps: list[_LockStep], drawn: bool = False) -> Case:
+    """A sequence of lock calls. A failure names the calls; a ``drawn`` (random) one first shrinks them to the
+    shortest sequence that still fails."""
 
     def body(subject: Subject) -> None:
-        cache, ref, _, _ = _pair(subject, tree)
-        handles: dict[tuple[int, ...], list[tuple[RadixCacheHandle, RadixCacheHandle]]] = {}
-        for kind, ids in steps:
-            if kind in ("match", "lock", "unlock_unlocked"):
-                ref_handle = ref.match_prefix(list(ids))[0]
-                _trees.checker_walk(cache, ids)
-                node = (
-                    _trees.find_node(cache, _trees.path_of(ref_handle.node))
-                    if ref_handle.cached_len
-                    else cache.root_node
-                )
-                pair = (RadixCacheHandle(ref_handle.cached_len, node), ref_handle)
-                if kind == "match":
-                    continue
-            before, clock = _trees.snapshot(cache), cache.clock
-            if kind == "unlock_unlocked":
-                _expect_refusal(
-                    subject,
-                    cache,
-                    LockError,
-                    f"unlocking the match of {_short(ids)}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
-                    cache.lock_handle,
-                    pair[0],
-                    unlock=True,
-                )
-                continue
-            if kind == "lock":
-                handles.setdefault(ids, []).append(pair)
-                subject.call(cache.lock_handle, pair[0])
-                ref.lock_handle(pair[1])
-                when = f"after locking the match of {_short(ids)}"
-            else:
-                pair = handles[ids].pop()
-                subject.call(cache.lock_handle, pair[0], unlock=True)
-                ref.lock_handle(pair[1], unlock=True)
-                when = f"after unlocking the match of {_short(ids)}"
-            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=when)
-            _same_times(before, _trees.snapshot(cache), clock, cache.clock, when[6:].replace("after ", ""))
+        try:
+            _play_locks(subject, tree, steps)
+        except _StepFailed as failed:
+            shown, found = tuple(steps), failed
+            if drawn:
+                shown, found = _shortest_failing(subject, tree, shown, failed)
+            head = "the shortest sequence of calls found that fails" if drawn else "the calls"
+            problem = f"{head} has {len(shown)}; at call {found.index + 1}: {found.mismatch.problem}"
+            listing = _listing(tree, shown, found.index)
+            expected = listing + ("\n\n" + found.mismatch.expected if found.mismatch.expected else "")
+            raise Mismatch(problem, expected, found.mismatch.got or "(see above)", size=len(shown)) from None
 
-    return Case(desc, tree.num_tokens, _grade(("lock_handle",), body))
+    return Case(desc, tree.num_tokens + len(steps), _grade(("lock_handle",), body))
 
 
-def _random_lock_steps(seed: int, tree: Recipe, count: int) -> list[tuple[str, tuple[int, ...]]]:
+def _random_lock_steps(seed: int, tree: Recipe, count: int, refusals: bool = False) -> list[_LockStep]:
+    """Random calls on ``tree``, simulated on a scratch copy of minikv's manager so every call is valid.
+
+    Drawn per class, so that none is left to chance: every round picks a node with two or more children
+    (when the tree has one), locks two of its children's paths (sometimes the node itself too), and
+    unlocks the node: its own lock (with locks below it that its count must keep) or, with ``refusals``,
+    a node that holds no lock of its own but whose count is the sum of its children's. Between rounds,
+    plain random locks, unlocks, and matches that split locked nodes.
+    """
     rng = random.Random(seed)
-    prompts = sorted({op.ids for op in tree.ops if op.kind == "insert"})
+    scratch, _ = tree.build()
     ps = tree.page_size
-    steps: list[tuple[str, tuple[int, ...]]] = []
-    locked: list[tuple[int, ...]] = []
+    prompts = sorted({op.ids for op in tree.ops if op.kind == "insert"})
+    steps: list[_LockStep] = []
+    held: list[tuple[int, tuple[int, ...], RadixCacheHandle]] = []
+    label = 0
+
+    def lock(ids: tuple[int, ...]) -> None:
+        nonlocal label
+        handle = scratch.match_prefix(list(ids))[0]
+        if not handle.cached_len:
+            return
+        label += 1
+        scratch.lock_handle(handle)
+        held.append((label, ids, handle))
+        steps.append(_LockStep("lock", ids, label))
+
+    def unlock(i: int) -> None:
+        got, ids, handle = held.pop(i)
+        scratch.lock_handle(handle, unlock=True)
+        steps.append(_LockStep("unlock", ids, got))
+
+    def own_locks(node: RadixTreeNode) -> int:
+        return node.ref_count - sum(child.ref_count for child in node.children.values())
+
     for _ in range(count):
         roll = rng.random()
-        if locked and roll < 0.35:
-            steps.append(("unlock", locked.pop(rng.randrange(len(locked)))))
-        elif roll < 0.45:
+        forks = [n for n in scratch.nodes() if len(n.children) >= 2]
+        if forks and roll < 0.35:
+            fork = rng.choice(sorted(forks, key=lambda n: _trees.path_of(n)))
+            fork_path = tuple(_trees.path_of(fork))
+            children = sorted(fork.children.values(), key=lambda n: n.key.tolist())
+            for child in rng.sample(children, 2):
+                lock(tuple(_trees.path_of(child)))
+            if rng.random() < 0.5 or not refusals:
+                lock(fork_path)
+            handle = scratch.match_prefix(list(fork_path))[0]
+            mine = [i for i, (_, ids, _) in enumerate(held) if ids == fork_path]
+            if own_locks(handle.node) > 0:
+                if mine:
+                    unlock(mine[-1])
+            else:
+                steps.append(_LockStep("refuse", fork_path))
+        elif held and roll < 0.6:
+            unlock(rng.randrange(len(held)))
+        elif roll < 0.7:
             prompt = rng.choice(prompts)
-            steps.append(("match", prompt[: rng.randint(1, len(prompt))]))
-        else:
+            ids = prompt[: rng.randint(1, len(prompt))]
+            scratch.match_prefix(list(ids))
+            steps.append(_LockStep("match", ids))
+        elif refusals and roll < 0.8:
             prompt = rng.choice(prompts)
             ids = prompt[: ps * rng.randint(1, max(1, len(prompt) // ps))]
-            steps.append(("lock", ids))
-            locked.append(ids)
-    steps.extend(("unlock", ids) for ids in reversed(locked))
+            handle = scratch.match_prefix(list(ids))[0]
+            if handle.cached_len and own_locks(handle.node) <= 0:
+                steps.append(_LockStep("refuse", ids))
+            else:
+                steps.append(_LockStep("match", ids))
+        else:
+            prompt = rng.choice(prompts)
+            lock(prompt[: ps * rng.randint(1, max(1, len(prompt) // ps))])
+    while held:
+        unlock(len(held) - 1)
     return steps
+
+
+_LOCK_TREES = [
+    (1, 10, 4, 8),
+    (2, 10, 3, 12),
+    (3, 8, 3, 9),
+    (4, 8, 3, 16),
+    (8, 6, 2, 24),
+    (1, 40, 4, 16),
+]
+"""The random trees of the lock checks: page size, prompts, vocabulary, longest prompt."""
+
+
+def _drawn_lock_cases(base: int, per_tree: int, refusals: bool) -> list[Case]:
+    cases = []
+    for t, (ps, prompts, vocab, max_len) in enumerate(_LOCK_TREES):
+        for d in range(per_tree):
+            seed = base + 10 * t + d
+            tree = random_recipe(seed, prompts, page_size=ps, vocab=vocab, max_len=max_len, scatter=d % 2 == 1)
+            steps = _random_lock_steps(seed, tree, 14, refusals)
+            cases.append(_lock_case(f"{tree.describe()}, {len(steps)} calls drawn at random", tree, steps, drawn=True))
+    return cases
 
 
 @exercise(
@@ -805,24 +1099,38 @@ def _lock_cases() -> list[Case]:
     single = recipe(insert(1, 2, 3))
     chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
     branches = recipe(insert(1, 2, 3), insert(1, 2, 9))
-    trees = [
-        random_recipe(21, 10),
-        random_recipe(22, 10, page_size=2, max_len=14),
-        random_recipe(23, 60, vocab=5, max_len=20),
-    ]
+    fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
     return [
-        _lock_case("lock a prefix that is one node", single, [("lock", (1, 2, 3))]),
-        _lock_case("lock and unlock a prefix that is one node", single, [("lock", (1, 2, 3)), ("unlock", (1, 2, 3))]),
-        _lock_case("lock a deep node: every node up to the root is locked, the root is not", chain, [("lock", (1, 2, 3, 4, 5, 6))]),
-        _lock_case("lock the same prefix twice and unlock it once: it stays locked", chain, [("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4))]),
-        _lock_case("lock two branches that share a parent: the parent's ref_count is 2", branches, [("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3))]),
-        _lock_case("the handle of an empty match (the root) locks nothing", single, [("lock", (7, 7)), ("unlock", (7, 7))]),
-        _lock_case("unlock what nobody locked: raise LockError, change nothing", chain, [("unlock_unlocked", (1, 2, 3, 4))]),
-        _lock_case("unlock a leaf whose parent another handle locked: LockError, nothing changes", chain, [("lock", (1, 2)), ("unlock_unlocked", (1, 2, 3, 4))]),
-        _lock_case("unlock a node that only a deeper lock passes through: LockError, nothing changes", chain, [("lock", (1, 2, 3, 4, 5, 6)), ("unlock_unlocked", (1, 2))]),
-        _lock_case("a later match splits the locked node; unlocking still releases both halves", single, [("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3))]),
-        _lock_case("page_size 2: lock and unlock", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5))]),
-        *(_lock_case(t.describe() + f", {n} locks, unlocks and matches", t, _random_lock_steps(s, t, n)) for s, (t, n) in enumerate(zip(trees, (12, 12, 40), strict=True))),
+        _lock_case("lock a prefix that is one node", single, _steps(("lock", (1, 2, 3)))),
+        _lock_case("lock and unlock a prefix that is one node", single, _steps(("lock", (1, 2, 3)), ("unlock", (1, 2, 3)))),
+        _lock_case("lock a deep node: every node up to the root is locked, the root is not", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case("lock the same prefix twice and unlock it once: it stays locked", chain, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case("lock two branches that share a parent: the parent's ref_count is 2", branches, _steps(("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case("a node locked itself and through two locked children: unlock it, then the children", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case("the handle of an empty match (the root) locks nothing", single, _steps(("lock", (7, 7)), ("unlock", (7, 7)))),
+        _lock_case("a later match splits the locked node; unlocking still releases both halves", single, _steps(("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case("page_size 2: lock and unlock", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), _steps(("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5)))),
+        _lock_case("page_size 4, slots scattered over the pool: lock, lock a branch, unlock", recipe(insert(*range(12)), insert(0, 1, 2, 3, 9, 9, 9, 9), page_size=4, scatter=5), _steps(("lock", tuple(range(12))), ("lock", (0, 1, 2, 3, 9, 9, 9, 9)), ("unlock", tuple(range(12))), ("unlock", (0, 1, 2, 3, 9, 9, 9, 9)))),
+        *_drawn_lock_cases(300, 4, refusals=False),
+    ]  # fmt: skip
+
+
+@exercise(
+    "radix.harden_lock",
+    "optional: MyRadixCache.lock_handle refuses to unlock a node that holds no lock of its own",
+)
+def _harden_cases() -> list[Case]:
+    chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
+    fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
+    return [
+        _lock_case("unlock what nobody locked: raise LockError, change nothing", chain, _steps(("refuse", (1, 2, 3, 4)))),
+        _lock_case("unlock a leaf whose parent another handle locked: LockError, nothing changes", chain, _steps(("lock", (1, 2)), ("refuse", (1, 2, 3, 4)), ("unlock", (1, 2)))),
+        _lock_case("unlock a node that only a deeper lock passes through: LockError, nothing changes", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case("unlock a node whose count comes from two locked children (the sum, not the largest): LockError", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)), ("unlock", (1, 2, 5, 6)))),
+        _lock_case("a node locked itself and through two locked children may be unlocked once, then no more", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case("unlock twice what was locked once: the second unlock is refused", fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
+        _lock_case("a lock survives a later split: the upper half holds no lock of its own", recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
+        *_drawn_lock_cases(500, 5, refusals=True),
     ]  # fmt: skip
 
 
@@ -857,7 +1165,20 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             problem = _trees.shape_problem(cache)
             if problem is not None:
                 raise Mismatch(f"after {what}: {problem}")
-            if sorted(got.tolist()) != sorted(expected.tolist()):
+            freed, wanted_slots = sorted(got.tolist()), sorted(expected.tolist())
+            if len(freed) > len(wanted_slots) and set(wanted_slots) < set(freed):
+                raise Mismatch(
+                    f"{what} evicted {len(freed)} slots, but {len(wanted_slots)} were needed: stop as soon as at least {size} slots are freed (a whole node may take you past {size}, but no node more).",
+                    f"{len(wanted_slots)} slots: {wanted_slots}\n\nthe tree before the call:\n" + _trees.render(before),
+                    f"{len(freed)} slots: {freed}",
+                )
+            if len(freed) < size:
+                raise Mismatch(
+                    f"{what} evicted {len(freed)} slots, but {size} were asked for: free whole nodes until at least {size} are freed.",
+                    f"{len(wanted_slots)} slots: {wanted_slots}",
+                    f"{len(freed)} slots: {freed}",
+                )
+            if freed != wanted_slots:
                 raise Mismatch(
                     f"{what} freed the wrong slots. Least recently used unlocked leaves go first, whole nodes at a time, and a parent whose last child went may be next.",
                     str(sorted(expected.tolist())) + "\n\nthe tree before the call:\n" + _trees.render(before),
@@ -906,6 +1227,7 @@ def _evict_cases() -> list[Case]:
         _evict_case(rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)),
         _evict_case(rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)),
         _evict_case(big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)),
+        *(_evict_case(t.describe() + ", evicted until nothing is left", t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
     ]  # fmt: skip
 
 
@@ -1089,8 +1411,8 @@ def _corrupt_case(name: str, corrupt: Corruption, tree: Recipe, seed: int) -> Ca
     def body(subject: Subject) -> None:
         cache, _, _, _ = _pair(subject, tree)
         where = corrupt(cache, random.Random(seed))
-        shape = _trees.shape_problem(cache)
-        shown = shape if shape is not None else _trees.render(_trees.snapshot(cache))
+        shape = _trees.shape_problem(cache, yours=False)  # the checker broke this tree: describe it, blame no one
+        shown = shape if shape is not None else _trees.render(_trees.snapshot(cache, strict=False))
         error: BaseException | None = None
         try:
             subject.call(cache.check_integrity)
@@ -1113,7 +1435,7 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
     """Every corruption the check_integrity check shows, with its tree and seed (the tests replay them on minikv)."""
     out = []
     for name, (corrupt, min_ps) in CORRUPTIONS.items():
-        for seed, ps in enumerate(p for p in (1, 2, 4) if p >= min_ps):
+        for seed, ps in enumerate(p for p in (1, 2, 3, 4, 8) if p >= min_ps):
             for prompts in (6, 10, 16, 30):  # the smallest tree that has a node of the kind it breaks
                 tree = random_recipe(81 + seed, prompts, page_size=ps, vocab=3, max_len=4 * ps, lock_every=3)
                 scratch, _ = tree.build()
@@ -1136,6 +1458,9 @@ def _integrity_cases() -> list[Case]:
         _healthy_case("a random tree with locks", random_recipe(41, 14, lock_every=3)),
         _healthy_case("a random tree, page_size 4", random_recipe(42, 14, page_size=4, max_len=20, lock_every=4)),
         _healthy_case("a random tree of 80 prompts with locks", random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
+        _healthy_case("slots scattered over the pool: a node's slots need not count up", recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
+        _healthy_case("page_size 2, slots scattered: whole pages, anywhere in the pool", recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
+        *(_healthy_case(t.describe(), t) for t in drawn_trees(800, 60)),
         *(_corrupt_case(*c) for c in corruption_cases()),
     ]  # fmt: skip
 
@@ -1184,6 +1509,12 @@ def _page_cases() -> list[Case]:
         ),
         _walk_case(rnd2.describe() + ", 10 walks", rnd2, _random_inputs(rng, rnd2, 10, 4, 14), ("walk", "match_len")),
         _walk_case(rnd4.describe() + ", 10 walks", rnd4, _random_inputs(rng, rnd4, 10, 4, 24), ("walk", "match_len")),
+        *(
+            _walk_case(
+                t.describe() + ", 10 walks", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len")
+            )
+            for t in drawn_trees(820, 30, (2, 3, 4, 8, 16))
+        ),
     ]
     many = [_Insert(s.ids, kind=s.kind) for s in _random_inserts(94, 30, 3, 20)]
     inserts = [
@@ -1236,18 +1567,33 @@ def _page_cases() -> list[Case]:
         _insert_case(
             "page_size 4: thirty prompts over a tiny vocabulary", recipe(page_size=4), many, seed=4, trim=True
         ),
+        *(
+            _insert_case(
+                f"{t.describe()}: 12 more prompts",
+                t,
+                _random_inserts(840 + i, 12, 2, 5 * t.page_size),
+                seed=840 + i,
+                trim=True,
+            )
+            for i, t in enumerate(drawn_trees(840, 30, (2, 3, 4, 8, 16)))
+        ),
     ]
     matches = []
     match_inputs: list[tuple[str, Recipe, list[tuple[int, ...]]]] = [
         ("page_size 2: match_prefix returns whole pages only", eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
         ("page_size 4: a tail shorter than a page matches nothing more", eight4, [(0, 1, 2, 3, 4, 5, 6)]),
     ]
+    match_inputs += [
+        (t.describe() + ", 10 matches", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
+        for t in drawn_trees(860, 20, (2, 3, 4, 8, 16))
+    ]
     for desc, tree, inputs in match_inputs:
 
         def body(subject: Subject, tree: Recipe = tree, inputs: list[tuple[int, ...]] = inputs) -> None:
             cache, ref, _, _ = _pair(subject, tree)
+            earlier: list[torch.Tensor] = []
             for i, ids in enumerate(inputs):
-                _check_match(subject, cache, ref, ids, i % 3)
+                _check_match(subject, cache, ref, ids, i % 3, earlier)
 
         matches.append(Case(desc, tree.num_tokens, _grade(("insert_prefix",), body)))
     return [_with_own(c) for c in [*paged_walks, *matches, *inserts]]
@@ -1265,17 +1611,47 @@ def _with_own(case: Case) -> Case:
 
 # -- radix.cache -----------------------------------------------------------------------------------------
 
-HISTORIES = {1: range(14), 2: range(100, 110), 4: range(200, 210)}
-"""The seeds of the random histories ``radix.cache`` plays, by page size."""
+HISTORIES = {1: range(50), 2: range(100, 130), 3: range(300, 320), 4: range(200, 230), 8: range(400, 415)}
+"""The seeds of the random histories ``radix.cache`` plays, by page size (each page size also plays
+:func:`~minikv.exercises.radix_history.fork_history`, written for a class random ones reach by chance)."""
+
+
+def refuses_foreign_unlocks(subject: Subject) -> bool:
+    """Whether the learner's lock_handle refuses to unlock a node that holds no lock of its own (the optional
+    task ``radix.harden_lock``): through the class's own methods, insert [1, 2] and [1, 2, 3, 4], lock the
+    match of [1, 2, 3, 4], and unlock the match of [1, 2]. Any other failure says no: the histories show it."""
+    try:
+        cache = subject.call(subject.cls, "cpu", page_size=1)
+        subject.call(cache.insert_prefix, [1, 2], torch.tensor([0, 1], dtype=torch.int32))
+        subject.call(cache.insert_prefix, [1, 2, 3, 4], torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+        subject.call(cache.lock_handle, subject.call(cache.match_prefix, [1, 2, 3, 4])[0])
+        handle = subject.call(cache.match_prefix, [1, 2])[0]
+        subject.call(cache.lock_handle, handle, unlock=True)
+    except LearnerRaised as learner:
+        if type(learner.error) is NotImplementedError:
+            raise
+        return isinstance(learner.error, LockError)
+    except Exception:  # what the class returned was not a pair: the histories report it
+        return False
+    return False
 
 
 def _history_case(page_size: int, seeds: range) -> Case:
     def body(subject: Subject) -> None:
-        def fails(history: tuple[Any, ...]) -> Any:
-            return run_history(lambda: subject.cls("cpu", page_size=page_size), history, page_size, call=subject.call)
+        hardened = refuses_foreign_unlocks(subject)
 
-        for seed in seeds:
-            history = random_history(seed, page_size)
+        def fails(history: tuple[Any, ...]) -> Any:
+            return run_history(
+                lambda: subject.cls("cpu", page_size=page_size),
+                history,
+                page_size,
+                call=subject.call,
+                hardened=hardened,
+            )
+
+        histories = [("the fork history", fork_history(page_size))]
+        histories += [(f"history {seed}", random_history(seed, page_size)) for seed in seeds]
+        for name, history in histories:
             failure = fails(history)
             if failure is None:
                 continue
@@ -1284,14 +1660,14 @@ def _history_case(page_size: int, seeds: range) -> Case:
                 small, found = history, failure
             listing = describe_history(small, page_size, found.step)
             raise Mismatch(
-                f"history {seed} (page_size {page_size}) fails; the smallest history that still fails has "
+                f"{name} (page_size {page_size}) fails; the smallest history that still fails has "
                 f"{len(small)} steps. At step {found.step + 1}: {found.problem}",
                 listing + ("\n\n" + found.expected if found.expected else ""),
                 found.got or "(see above)",
             )
 
     return Case(
-        f"{len(seeds)} random histories of requests, matches, evictions and resets, page_size {page_size}",
+        f"{len(seeds) + 1} histories of requests, matches, evictions and resets, page_size {page_size}",
         30,
         _grade(tuple(TASKS), body),
     )

@@ -43,6 +43,7 @@ __all__ = [
     "History",
     "Op",
     "describe_history",
+    "fork_history",
     "longest_cached_prefix",
     "random_history",
     "run_history",
@@ -58,7 +59,9 @@ class Op:
     """One step of a history."""
 
     kind: str
-    """``admit``, ``finish`` or ``abort`` (request ``name``), ``match`` (``ids``), ``evict`` (``size``), ``reset``."""
+    """``admit``, ``finish`` or ``abort`` (request ``name``), ``match`` (``ids``), ``evict`` (``size``), ``reset``,
+    or ``unlock`` (``ids``): match ``ids`` and unlock that handle, which no running request locked (a cache
+    whose ``lock_handle`` refuses such unlocks must refuse it; for one that does not, the step is skipped)."""
     name: str = ""
     ids: tuple[int, ...] = ()
     size: int = 0
@@ -72,6 +75,8 @@ class Op:
             return f"match_prefix({list(self.ids)})"
         if self.kind == "evict":
             return f"evict({self.size})"
+        if self.kind == "unlock":
+            return f"match_prefix({list(self.ids)}), then lock_handle(its handle, unlock=True), a lock nobody took"
         return "reset()"
 
 
@@ -134,11 +139,42 @@ def random_history(seed: int, page_size: int, num_ops: int = 30) -> History:
             ops.append(Op("abort", running.pop(rng.randrange(len(running)))))
         elif roll < 0.8:
             ops.append(Op("match", ids=prompt()))
-        elif roll < 0.95:
+        elif roll < 0.92:
             ops.append(Op("evict", size=rng.choice([0, 1, page_size, 2 * page_size + 1, 3, 7, 40, -1])))
+        elif roll < 0.97 and prompts:
+            base = rng.choice(prompts)
+            ops.append(Op("unlock", ids=base[: page_size * rng.randint(1, max(1, len(base) // page_size))]))
         else:
             ops.append(Op("reset"))
     return tuple(ops)
+
+
+def fork_history(page_size: int) -> History:
+    """A history written for one class that random ones reach only by chance: a node whose ref_count is the
+    *sum* of two locked children's, unlocked by nobody (a hardened cache refuses), then locked and unlocked
+    by a request of its own while both children stay locked."""
+    ps = page_size
+    base = tuple(range(1, 2 * ps + 1))
+    x, y, pad = (7,) * ps, (8,) * ps, (9,)
+    return (
+        Op("admit", "A", base + x + pad),
+        Op("finish", "A"),
+        Op("admit", "B", base + y + pad),
+        Op("finish", "B"),
+        Op("admit", "C", base + x + pad),
+        Op("admit", "D", base + y + pad),
+        Op("unlock", ids=base),
+        Op("admit", "E", (*base, 6)),
+        Op("unlock", ids=base),
+        Op("finish", "E"),
+        Op("unlock", ids=base),
+        Op("evict", size=ps),
+        Op("finish", "C"),
+        Op("unlock", ids=base + x),
+        Op("finish", "D"),
+        Op("evict", size=3 * ps),
+        Op("reset"),
+    )
 
 
 # -- the two worlds ------------------------------------------------------------------------
@@ -194,8 +230,10 @@ def _refusal(error: BaseException) -> str:
     return type(error).__name__
 
 
-def _apply(world: _World, op: Op, call: Caller) -> tuple[Any, ...] | None:
-    """Play ``op``; its outcome as plain values, or None if the op does not apply (skipped in both worlds)."""
+def _apply(world: _World, op: Op, call: Caller, hardened: bool = True) -> tuple[Any, ...] | None:
+    """Play ``op``; its outcome as plain values, or None if the op does not apply (skipped in both worlds).
+
+    ``hardened``: play ``unlock`` ops (a cache whose lock_handle does not refuse them skips them)."""
     if op.kind == "admit":
         if op.name in world.running or not op.ids:
             return None
@@ -213,14 +251,25 @@ def _apply(world: _World, op: Op, call: Caller) -> tuple[Any, ...] | None:
         if error is not None:
             return ("refused", _refusal(error), how)
         return ("finished", int(result)) if op.kind == "finish" else ("aborted",)
-    if op.kind == "match":
+    if op.kind == "unlock" and not hardened:
+        return None
+    if op.kind in ("match", "unlock"):
         result, error, how = _attempt(call, world.view.match_prefix, list(op.ids))
         if error is not None:
             return ("refused", _refusal(error), how)
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], torch.Tensor)):
             return ("returned", repr(result)[:80])
         handle, indices = result
-        return ("matched", int(getattr(handle, "cached_len", -1)), tuple(indices.tolist()), str(indices.dtype))
+        matched = ("matched", int(getattr(handle, "cached_len", -1)), tuple(indices.tolist()), str(indices.dtype))
+        node = getattr(handle, "node", None)
+        if (
+            op.kind == "match"
+            or not matched[1]
+            or any(getattr(r.handle, "node", None) is node for r in world.running.values())
+        ):
+            return matched  # a request's own lock, or the root: not a lock nobody took
+        _, error, how = _attempt(call, world.view.lock_handle, handle, True)
+        return (*matched, "refused with LockError" if isinstance(error, LockError) else how or "unlocked")
     if op.kind in ("evict", "reset"):
         fn = world.view.evict if op.kind == "evict" else world.view.reset
         freed, error, how = _attempt(call, fn, *((op.size,) if op.kind == "evict" else ()))
@@ -260,9 +309,10 @@ def _say(outcome: tuple[Any, ...] | None) -> str:
     if kind == "aborted":
         return "aborted"
     if kind == "matched":
-        return f"matched {_count(outcome[1], 'token')} in slots {list(outcome[2])} ({outcome[3]})"
+        unlocked = f", then the unlock {outcome[4]}" if len(outcome) > 4 else ""
+        return f"matched {_count(outcome[1], 'token')} in slots {list(outcome[2])} ({outcome[3]}){unlocked}"
     if kind == "freed":
-        return f"freed slots {list(outcome[1])}"
+        return f"freed {_count(len(outcome[1]), 'slot')} {list(outcome[1])}"
     if kind == "freed badly":
         return f"returned slots {list(outcome[1])}, which the pool refused to take back ({outcome[2]})"
     return f"returned {outcome[1]}"
@@ -332,6 +382,23 @@ def _rules_broken(world: _World, tree: TreeSnapshot) -> str | None:
     return None
 
 
+def _root_problem(cache: Any, root: Any) -> str | None:
+    """What ``reset`` did wrong to the root, in words (the handle of an empty match names the root, so a
+    running request may hold it across a reset), or None."""
+    now = getattr(cache, "root_node", None)
+    if now is not root:
+        return (
+            "your reset replaced root_node with a new node. Keep the root: running requests whose match was "
+            "empty hold a handle on it. Empty its children instead."
+        )
+    if getattr(now, "ref_count", None) != 1 or getattr(now, "parent", None) is not None:
+        return (
+            f"your reset left the root with ref_count {getattr(now, 'ref_count', None)}: the root keeps "
+            "ref_count 1 and no parent, as __init__ made it."
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Failure:
     """Where a history went wrong: the step (0-based; -1 before the first), what, and the two trees."""
@@ -349,11 +416,14 @@ def run_history(
     *,
     call: Caller = _direct,
     integrity: bool = True,
+    hardened: bool = True,
 ) -> Failure | None:
     """Play ``history`` on ``make_cache()`` and on minikv's own manager; the first difference, or None.
 
     ``call`` runs every call into the cache under test (its ``make_cache`` included).
     ``integrity``: also run the cache's own ``check_integrity`` after every step.
+    ``hardened``: the cache refuses to unlock a node that holds no lock of its own, as minikv's does: play
+    the ``unlock`` steps (False: skip them, in both worlds).
     """
     try:
         cache = call(make_cache)
@@ -367,20 +437,27 @@ def run_history(
     for step, op in enumerate(history):
         try:
             before = TreeSnapshot.of(ref.cache)
-            expected = _apply(ref, op, _direct)
-            got = _apply(mine, op, call)
+            root = getattr(mine.cache, "root_node", None)
+            expected = _apply(ref, op, _direct, hardened)
+            got = _apply(mine, op, call, hardened)
+            if op.kind == "reset":
+                problem = _root_problem(mine.cache, root)
+                if problem is not None:
+                    return Failure(step, f"after {op.describe()}: {problem}")
             exp_state = _trees.snapshot(ref.cache)
             got_state = _trees.snapshot(mine.cache)
         except Mismatch as mismatch:
             return Failure(step, mismatch.problem, mismatch.expected, mismatch.got)
-        drawings = _trees.tree_mismatch("", exp_state, got_state)
         if _key(expected) != _key(got):
+            same = "the trees are the same after this step: only the outcome named above differs"
+            drawings = _trees.tree_mismatch("", exp_state, got_state, same=same)
             return Failure(
                 step,
                 f"{op.describe()}: minikv's cache {_say(expected)}; yours {_say(got)}.",
                 drawings.expected,
                 drawings.got,
             )
+        drawings = _trees.tree_mismatch("", exp_state, got_state)
         if op.kind in ("admit", "match") and expected is not None and expected[0] in ("admitted", "matched"):
             ids = op.ids[:-1] if op.kind == "admit" else op.ids
             length, slots = longest_cached_prefix(before, ids)
