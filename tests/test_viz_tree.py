@@ -53,7 +53,21 @@ def test_split_frame_styles(scenario: TreeRecorder) -> None:
     root = attrs(dot, "root")
     assert root["class"] == "root" and root["shape"] == "oval"
     assert f'color="{split_colour}"' in edge_line(dot, node_id(P_HELLO), node_id(P_HW))
-    assert "the two halves of a split" in dot and "just evicted (ghost)" in dot  # the legend
+    # the legend lists what this frame shows: a split and an insert, but no ghost and no lock
+    assert "the two halves of a split" in dot and "just inserted" in dot
+    assert "just evicted (ghost)" not in dot and "protected: locked" not in dot
+
+
+def test_the_legend_lists_only_what_the_drawing_shows() -> None:
+    tree = RadixCacheManager()
+    assert '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">' not in draw_tree(tree).source  # empty
+    tree.insert_prefix([1, 2], [0, 1])
+    one_leaf = draw_tree(tree).source
+    assert "evictable leaf" in one_leaf and "protected: locked" not in one_leaf and "interior" not in one_leaf
+    handle, _ = tree.match_prefix([1, 2, 3])
+    tree.lock_handle(handle)
+    assert "protected: locked" in draw_tree(tree).source
+    assert "evictable leaf" not in draw_tree(tree).source
 
 
 def test_match_frame_marks_the_walked_path(scenario: TreeRecorder) -> None:

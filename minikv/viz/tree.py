@@ -231,7 +231,7 @@ def draw_snapshot(
     changes = changes or TreeChanges()
     ghosts = {v.path: v for v in changes.evicted}
     graph_attr = {"rankdir": "TB", "ordering": "out", "nodesep": "0.3", "ranksep": "0.45", "fontname": "Helvetica"}
-    label = _graph_label(snapshot, title, legend, slots)
+    label = _graph_label(snapshot, title, legend, slots, _legend_keys(snapshot, changes, bool(ghosts)))
     if label:
         graph_attr.update(label=label, labelloc="t", labeljust="l", fontsize="12")
     drawing = TreeDrawing(
@@ -371,13 +371,27 @@ def _tooltip(view: NodeView, namer: Callable[[int], str], ghost: bool) -> str:
     return _dot_text(tip)
 
 
+def _legend_keys(snapshot: TreeSnapshot, changes: TreeChanges, has_ghosts: bool) -> list[str]:
+    """The kinds of node and event this drawing shows, in :data:`LEGEND_ORDER`: its legend lists no other."""
+    shown = {view.state for view in snapshot.nodes.values() if not view.is_root}
+    shown |= {event for path in snapshot.nodes if (event := changes.event_of(path)) is not None}
+    if has_ghosts:
+        shown.add("evicted")
+    return [key for key in LEGEND_ORDER if key in shown]
+
+
 def _graph_label(
-    snapshot: TreeSnapshot | None, title: str | None, legend: bool, slots: SlotOwnership | None = None
+    snapshot: TreeSnapshot | None,
+    title: str | None,
+    legend: bool,
+    slots: SlotOwnership | None = None,
+    keys: Sequence[str] | None = None,
 ) -> str | None:
     """The graph's label, above the tree: the title and a compact legend, as one HTML-like table.
 
     A label does not take part in the layout of ranks, so the legend never
-    pushes the tree around (a legend *node* would).
+    pushes the tree around (a legend *node* would). The legend lists ``keys``
+    only (every kind when None), so that it stays smaller than a small tree.
     """
     rows = []
     if title:
@@ -385,9 +399,11 @@ def _graph_label(
     if slots is not None:
         rows.append(f'<TR><TD ALIGN="LEFT">{_slot_strip(slots, legend)}</TD></TR>')
     if legend and snapshot is not None:
-        entries = [_legend_entry(key) for key in LEGEND_ORDER]
+        entries = [_legend_entry(key) for key in (LEGEND_ORDER if keys is None else keys)]
         grid = "".join("<TR>" + "".join(entries[i : i + 2]) + "</TR>" for i in range(0, len(entries), 2))
-        rows.append(f'<TR><TD ALIGN="LEFT"><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{grid}</TABLE></TD></TR>')
+        if grid:  # an empty tree shows no kind of node
+            table = f'<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">{grid}</TABLE>'
+            rows.append(f'<TR><TD ALIGN="LEFT">{table}</TD></TR>')
         info = snapshot.size_info
         footer = text(
             "legend.footer_paged" if snapshot.page_size > 1 else "legend.footer", total=info.total_size,
