@@ -414,6 +414,8 @@ def random_case(
             value, size, case_seed, failure = _shrink(spec, draw, fn, value, size, case_seed, failure)
             shown = spec.show(value)
             measured = spec.size_of(value) if spec.size_of is not None else size
+            if isinstance(failure, Mismatch) and failure.size is not None:  # the run ranked its failure itself
+                measured = failure.size
             drawn = f"seed {case_seed}, size {size}" + (f", drawn as {kind}" if kind else "")
             if isinstance(failure, LearnerRaised):
                 if type(failure.error) is NotImplementedError:
