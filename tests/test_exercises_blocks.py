@@ -119,6 +119,7 @@ def _allocate_variant(
     take_back: bool = True,
     guard_first_only: bool = False,
     consume: bool = False,
+    guard_until: int | None = None,
 ) -> Callable:
     """The solution's allocate with one rule switched off."""
 
@@ -129,7 +130,7 @@ def _allocate_variant(
         hits = []
         for i in range(min(len(hashes), num_blocks if last_block else num_blocks - 1)):
             block_id = pool.hash_to_block.get(hashes[i])
-            guarded = guard and (i == 0 or not guard_first_only)
+            guarded = guard and (i == 0 or not guard_first_only) and (guard_until is None or i < guard_until)
             if block_id is None or (
                 guarded and pool.blocks[block_id].token_ids != tuple(token_ids[i * size : (i + 1) * size])
             ):
@@ -175,6 +176,24 @@ WRONG["blocks.allocate"] = [
     _allocate_variant(guard_first_only=True),
     _allocate_variant(consume=True),
 ]
+
+
+# issue 26: wrong only near the limit, or only for long tables -----------------------------
+
+
+def _allocate_off_by_one_at_the_limit() -> Callable:
+    solution = _allocate_variant()
+
+    def allocate(pool, token_ids):
+        size = pool.block_size
+        if -(-len(token_ids) // size) == len(pool.free_block_ids) and token_ids:
+            raise OutOfSlotsError("not enough blocks")  # `>=` where `>` is meant, after checking nothing else
+        return solution(pool, token_ids)
+
+    return allocate
+
+
+WRONG["blocks.allocate"] += [_allocate_variant(guard_until=2), _allocate_off_by_one_at_the_limit()]
 
 
 # the two tests of every chapter (after the last wrong answer) -------------------------

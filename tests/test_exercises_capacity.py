@@ -184,6 +184,33 @@ def test_the_reference_under_another_name_is_refused() -> None:
     assert "minikv's own answer" in result.smallest_failure.problem
 
 
+# issue 26: one wrong answer per class the random cases now draw on purpose -------------------
+
+
+@wrong("capacity.cached_tokens_with_sharing")
+def sharing_sorted_as_text(prompts):
+    """Sort, then count what each prompt adds to its neighbour: right for ints sorted as ints only."""
+    total, previous = 0, []
+    for prompt in sorted(prompts, key=str):
+        common = 0
+        while common < min(len(prompt), len(previous)) and prompt[common] == previous[common]:
+            common += 1
+        total += len(prompt) - common
+        previous = prompt
+    return total
+
+
+@wrong("capacity.tokens_that_fit")
+def fit_one_short_at_a_whole_number(memory, per_token):
+    return max((memory - 1) // per_token, 0)
+
+
+@wrong("capacity.kv_bytes_per_token")
+def kv_bytes_guesses_other_sizes(num_layers, num_kv_heads, head_dim, dtype):
+    bits = torch.finfo(dtype).bits if dtype.is_floating_point else 32  # ints, bool, complex: guessed
+    return 2 * num_layers * num_kv_heads * head_dim * bits // 8
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("capacity", WRONG)

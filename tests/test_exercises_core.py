@@ -7,6 +7,7 @@ The per-exercise wrong answers live in one file per chapter, ``test_exercises_<c
 from __future__ import annotations
 
 import pytest
+import torch
 from exercise_helpers import REPO, all_wrong_answers, count_wrong_answers, solution_for
 
 from minikv.exercises import _core, check, exercise_ids
@@ -149,3 +150,56 @@ def test_a_report_never_shows_equal_expected_and_got(monkeypatch: pytest.MonkeyP
     failure = result.smallest_failure
     assert failure.expected == "root\n└─ [1, 2]" and failure.got != failure.expected
     assert "the difference is the one named above" in str(result)
+
+
+# issue 26: every check of exercises 1-4 within its time budget ---------------------------
+
+CHECK_BUDGET_S = {
+    # three times the time measured on a loaded 2-core machine (2026-12-02), and at least 1.5 s
+    "capacity.kv_bytes_per_token": 1.5,
+    "capacity.mla_bytes_per_token": 1.5,
+    "capacity.tokens_that_fit": 1.5,
+    "capacity.cached_tokens_with_sharing": 1.5,
+    "lifecycle.slots_to_free": 1.5,
+    "lifecycle.admit": 2.0,
+    "lifecycle.finish": 2.0,
+    "lifecycle.serve": 3.0,
+    "storage.tp_head_range": 1.5,
+    "storage.page_first_view": 1.5,
+    "storage.slot_mapping": 1.5,
+    "storage.store_torch": 1.5,
+    "storage.store": 4.5,
+    "naive.manager": 1.5,
+    "blocks.block_hashes": 1.5,
+    "blocks.allocate": 1.5,
+    "blocks.deallocate": 1.5,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(CHECK_BUDGET_S))
+def test_a_check_stays_within_its_time_budget(exercise_id: str) -> None:
+    """The draws were sized to the budget: a check that grew slower is a regression (the first Triton
+    compile on a GPU is not: there the kernel check is not timed)."""
+    import time
+
+    if exercise_id == "storage.store" and torch.cuda.is_available():
+        pytest.skip("the first launch compiles the kernel")
+    fn = solution_for(exercise_id)
+    start = time.perf_counter()
+    result = check(exercise_id, fn)
+    seconds = time.perf_counter() - start
+    assert result.passed, str(result)
+    assert seconds < CHECK_BUDGET_S[exercise_id], f"{exercise_id} took {seconds:.2f} s"
+
+
+def test_a_time_limit_report_shows_the_input_it_was_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_core, "CASE_TIME_LIMIT_S", 0.5)
+
+    def fit_that_hangs_on_huge_budgets(memory, per_token):
+        while memory > 2**60:
+            pass
+        return memory // per_token
+
+    result = check("capacity.tokens_that_fit", fit_that_hangs_on_huge_budgets)
+    stopped = [case for case in result.cases if "took longer than" in case.problem]
+    assert stopped and "on the random input tokens_that_fit(" in stopped[0].problem, str(result)

@@ -243,6 +243,52 @@ def test_a_stub_that_serve_calls_is_named() -> None:
     assert "`test_a_stub_that_serve_calls_is_named.<locals>.admit` still raises NotImplementedError" in str(result)
 
 
+# issue 26: effects watched in serve ------------------------------------------------------
+
+
+@wrong("lifecycle.serve")
+def serve_in_the_notes_order(manager, pool, input_ids, kv_cache, kv_fn):
+    """The notes' order: insert and free, *then* store; the freed slots are written after the pool has them."""
+    handle, indices = S["admit"](manager, pool, input_ids)
+    already = manager.insert_prefix(input_ids, indices)
+    pool.free(S["slots_to_free"](indices, handle.cached_len, already, manager.page_size))
+    for layer in range(kv_cache.num_layers):
+        k, v = kv_fn(layer, input_ids, handle.cached_len)
+        kv_cache.store_kv(k, v, indices[handle.cached_len :], layer)
+    manager.lock_handle(handle, unlock=True)
+    return handle.cached_len
+
+
+@wrong("lifecycle.serve")
+def serve_stores_one_layer(manager, pool, input_ids, kv_cache, kv_fn):
+    handle, indices = S["admit"](manager, pool, input_ids)
+    k, v = kv_fn(0, input_ids, handle.cached_len)
+    kv_cache.store_kv(k, v, indices[handle.cached_len :], 0)
+    S["finish"](manager, pool, input_ids, handle, indices)
+    return handle.cached_len
+
+
+@wrong("lifecycle.slots_to_free")
+def free_forgets_a_short_prompt(indices, cached_len, already_cached, page_size):
+    """Right for prompts of a page or more; a prompt shorter than one page gives back nothing."""
+    if len(indices) < page_size:
+        return indices[:0]
+    return S["slots_to_free"](indices, cached_len, already_cached, page_size)
+
+
+def test_the_notes_slice_reports_the_tree_slot_case_first() -> None:
+    result = check("lifecycle.slots_to_free", lambda indices, cached, already, page_size: indices[:already])
+    failure = result.smallest_failure
+    assert failure is not None and "the request matched that token" in failure.problem, str(result)
+    assert "indices[cached_len:already_cached]" not in str(result)  # a hint, not the answer
+
+
+def test_the_notes_order_fails_with_a_clear_message() -> None:
+    result = check("lifecycle.serve", serve_in_the_notes_order)
+    failure = result.smallest_failure
+    assert failure is not None and "after that slot had gone back to the pool" in failure.problem, str(result)
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("lifecycle", WRONG)

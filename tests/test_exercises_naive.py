@@ -86,6 +86,28 @@ def test_the_stub_method_of_a_class_is_named() -> None:
     assert "`HalfWritten.evict` still raises NotImplementedError: that method is still the stub" in str(result)
 
 
+# issue 26: a device given as a torch.device, or with an index ----------------------------
+
+
+class DeviceAsText(S["NaiveManager"]):
+    """Takes the device apart as a string: fine for "cpu", a crash for torch.device("cpu")."""
+
+    def __init__(self, device="cpu"):
+        super().__init__(device.split(":")[0])
+
+
+class DeviceIgnored(S["NaiveManager"]):
+    """Every tensor on the CPU, whatever the manager was given (wrong on a GPU; on a CPU it passes)."""
+
+    def no_slots(self):
+        return torch.empty(0, dtype=torch.int32)
+
+
+WRONG["naive.manager"].append(DeviceAsText)
+if torch.cuda.is_available():
+    WRONG["naive.manager"].append(DeviceIgnored)
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("naive", WRONG)

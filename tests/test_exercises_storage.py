@@ -332,6 +332,47 @@ WRONG["storage.store"] = [
 ]
 
 
+# issue 26: degenerate splits, and a real view that must pass --------------------------------
+
+
+@wrong("storage.tp_head_range")
+def heads_divide_before_checking_the_rank(num_kv_heads, tp_rank, tp_size):
+    if num_kv_heads % tp_size:  # tp_size 0: ZeroDivisionError, not ValueError
+        raise ValueError("uneven")
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError("rank")
+    local = num_kv_heads // tp_size
+    return range(tp_rank * local, (tp_rank + 1) * local)
+
+
+@wrong("storage.tp_head_range")
+def heads_allow_more_gpus_than_heads(num_kv_heads, tp_rank, tp_size):
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError("rank")
+    if num_kv_heads % tp_size and tp_size < num_kv_heads:
+        raise ValueError("uneven")
+    local = num_kv_heads // tp_size
+    return range(tp_rank * local, (tp_rank + 1) * local)
+
+
+def test_a_view_through_dlpack_of_a_sliced_buffer_is_a_view() -> None:
+    result = check("storage.page_first_view", lambda buffer: torch.from_dlpack(buffer.permute(0, 2, 1, 3, 4)))
+    assert result.passed, str(result)
+
+
+def test_the_slot_mapping_shrinker_keeps_the_page_table_long_enough() -> None:
+    from minikv.exercises import storage
+
+    def off_for_page_size_one(page_table, start, end, page_size):
+        positions = torch.arange(start, end)
+        return page_table[positions // page_size].long() * page_size + positions % page_size + (page_size == 1)
+
+    result = check("storage.slot_mapping", off_for_page_size_one)
+    assert not result.passed
+    assert all("the checker could not use" not in case.problem for case in result.cases), str(result)
+    assert storage.MAPPING_DRAWS >= 1000
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("storage", WRONG)

@@ -269,6 +269,7 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
             not_written,
         )
 
+    _ON_INPUT[0] = None
     try:
         with _time_limit(CASE_TIME_LIMIT_S):
             case.run(fn)
@@ -282,14 +283,23 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
             return failed(_stub_sentence(learner.function, fn), not_written=True)
         return failed(learner.describe() + ".")
     except _TimedOut:
-        return failed(f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s, {_TIMED_OUT}")
+        on = _input_in_words()
+        return failed(
+            f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s"
+            + (f" on the random input {on}" if on else "")
+            + f", {_TIMED_OUT}"
+        )
     except BaseException as error:  # the checker could not make sense of what the learner's code returned
         if not is_learners(error):
             raise
+        on = _input_in_words()
         return failed(
             "the checker could not use what your function returned "
             f"({type(error).__name__}: {message_of(error)}); check the return type in the task's description."
+            + (f"\nThe input: {on}" if on else "")
         )
+    finally:
+        _ON_INPUT[0] = None
     return CaseResult(case.description, case.size, True)
 
 
@@ -371,6 +381,9 @@ class Draw(Generic[T]):
     show: Callable[[T], str] = repr
     shrink: Callable[[T], Iterable[T]] | None = None
     size_of: Callable[[T], int] | None = None
+    classes: tuple[tuple[str, Callable[[random.Random, int], T]], ...] = ()
+    """Named generators of the inputs a plain draw meets rarely (``("a pool that runs short", draw)``):
+    the draws take turns, ``draw`` first, so that every class gets its share of the ``count`` inputs."""
 
 
 def random_case(
@@ -387,28 +400,32 @@ def random_case(
     if no hand-made case fails).
     """
 
+    draws = [("", spec.draw), *spec.classes]
+
     def run(fn: Callable[..., Any]) -> None:
         for i in range(count):
             size = 1 + (i * max_size) // max(count - 1, 1) if count > 1 else max_size
             case_seed = seed + i
-            value = spec.draw(random.Random(case_seed), size)
+            kind, draw = draws[i % len(draws)]
+            value = draw(random.Random(case_seed), size)
             failure = _failure(spec, fn, value)
             if failure is None:
                 continue
-            value, size, case_seed, failure = _shrink(spec, fn, value, size, case_seed, failure)
+            value, size, case_seed, failure = _shrink(spec, draw, fn, value, size, case_seed, failure)
             shown = spec.show(value)
             measured = spec.size_of(value) if spec.size_of is not None else size
+            if isinstance(failure, Mismatch) and failure.size is not None:  # the run ranked its failure itself
+                measured = failure.size
+            drawn = f"seed {case_seed}, size {size}" + (f", drawn as {kind}" if kind else "")
             if isinstance(failure, LearnerRaised):
                 if type(failure.error) is NotImplementedError:
                     raise failure
                 raise Mismatch(
-                    f"on a random input, {failure.describe()}.\nThe smallest input found that fails "
-                    f"(seed {case_seed}, size {size}): {shown}",
+                    f"on a random input, {failure.describe()}.\nThe smallest input found that fails ({drawn}): {shown}",
                     size=measured,
                 )
             raise Mismatch(
-                f"{failure.problem}\nThe smallest random input found that fails (seed {case_seed}, size {size}): "
-                f"{shown}",
+                f"{failure.problem}\nThe smallest random input found that fails ({drawn}): {shown}",
                 failure.expected,
                 failure.got,
                 size=measured,
@@ -418,11 +435,26 @@ def random_case(
 
 
 def _failure(spec: Draw[Any], fn: Callable[..., Any], value: Any) -> Mismatch | LearnerRaised | None:
+    _ON_INPUT[0] = lambda: spec.show(value)
     try:
         spec.run(fn, value)
     except (Mismatch, LearnerRaised) as failure:
         return failure
     return None
+
+
+_ON_INPUT: list[Callable[[], str] | None] = [None]
+"""What the random case now running is on, in words, for a time-limit report (None: a hand-made case)."""
+
+
+def _input_in_words() -> str:
+    shown = _ON_INPUT[0]
+    if shown is None:
+        return ""
+    try:
+        return clip(shown(), 600)
+    except Exception:  # the input could not be shown: the report says the rest
+        return ""
 
 
 def _still_fails(spec: Draw[Any], fn: Callable[..., Any], value: Any) -> Mismatch | LearnerRaised | None:
@@ -433,7 +465,13 @@ def _still_fails(spec: Draw[Any], fn: Callable[..., Any], value: Any) -> Mismatc
 
 
 def _shrink(
-    spec: Draw[Any], fn: Callable[..., Any], value: Any, size: int, seed: int, failure: Mismatch | LearnerRaised
+    spec: Draw[Any],
+    draw: Callable[[random.Random, int], Any],
+    fn: Callable[..., Any],
+    value: Any,
+    size: int,
+    seed: int,
+    failure: Mismatch | LearnerRaised,
 ) -> tuple[Any, int, int, Mismatch | LearnerRaised]:
     """A random case's failing input, shrunk: first the same draw at every smaller size (with the
     same seed and two others), the smallest that still fails kept; then the spec's own ``shrink``."""
@@ -443,7 +481,7 @@ def _shrink(
         if not scanned:
             for other_size in range(1, size):
                 for other_seed in (seed, seed + 7919, seed + 104729):
-                    yield spec.draw(random.Random(other_seed), other_size), other_size, other_seed, True
+                    yield draw(random.Random(other_seed), other_size), other_size, other_seed, True
         for candidate in spec.shrink(value) if spec.shrink is not None else ():
             yield candidate, size, seed, True
 

@@ -352,6 +352,34 @@ def _draw_ops(rng: random.Random, size: int) -> PoolScenario:
     )
 
 
+def _draw_tight(rng: random.Random, size: int) -> PoolScenario:
+    """A pool exactly as large as the longest request needs, one block more or one block less."""
+    scenario = _draw_ops(rng, size)
+    need = max((-(-len(op[2]) // scenario.block_size) for op in scenario.ops if op[0] == "alloc"), default=1)
+    return dataclasses.replace(scenario, num_blocks=max(1, need + rng.choice((-1, 0, 0, 1))))
+
+
+def _draw_stale(rng: random.Random, size: int) -> PoolScenario:
+    """Long block tables in a small pool, one request at a time: freed blocks are reused while their old
+    hashes are still in the table, and later prompts hit those stale entries far past the first block."""
+    block_size = rng.randint(1, 3)
+    blocks_per_prompt = rng.randint(3, 4 + size)
+    first = tuple(rng.randrange(2) for _ in range(block_size * blocks_per_prompt + rng.randint(0, block_size)))
+    prompts = [first]
+    ops: list[tuple[Any, ...]] = []
+    for i in range(rng.randint(3, 4 + size // 2)):
+        base = rng.choice(prompts)
+        keep = rng.randint(0, len(base))
+        prompt = base[:keep] + tuple(rng.randrange(2) for _ in range(rng.randint(0, len(base) - keep + block_size)))
+        prompts.append(prompt)
+        ops.append(("alloc", f"r{i}", prompt))
+        if rng.random() < 0.2:
+            ops.append(("collide", f"r{i}", rng.randrange(max(1, len(prompt) // block_size))))
+        ops.append(("free", f"r{i}"))
+    need = max(-(-len(op[2]) // block_size) for op in ops if op[0] == "alloc")
+    return PoolScenario("random", tuple(ops), num_blocks=need + rng.randint(0, 2), block_size=block_size)
+
+
 def _shrink_ops(scenario: PoolScenario) -> list[PoolScenario]:
     r = dataclasses.replace
     ops = scenario.ops
@@ -381,11 +409,24 @@ def _random_pool_case(allocating: bool, seed: int) -> Case:
         _run_scenario(scenario, fn if allocating else None, None if allocating else fn, allocating)
 
     return random_case(
-        "24 random histories: block sizes 1-5, tight pools, token ids up to 2^62, collisions on any block",
-        Draw(_draw_ops, run, _show_ops, _shrink_ops, lambda s: s.size),
+        f"{POOL_DRAWS} random histories: block sizes 1-5, token ids up to 2^62, collisions on any block, "
+        "pools exactly as large as needed (give or take a block), long tables that hit stale hashes",
+        Draw(
+            _draw_ops,
+            run,
+            _show_ops,
+            _shrink_ops,
+            lambda s: s.size,
+            classes=(("a pool of exactly the blocks needed ± 1", _draw_tight), ("stale hashes", _draw_stale)),
+        ),
         seed=seed,
         max_size=12,
+        count=POOL_DRAWS,
     )
+
+
+POOL_DRAWS, HASH_DRAWS = 1000, 3000
+"""How many random inputs the block checks draw: as many as keep each check well under a second."""
 
 
 def _unpack(result: object) -> tuple[list[int], int]:
@@ -438,6 +479,12 @@ def _hash_cases() -> list[Case]:
         top = rng.choice((3, 1000, 2**62))
         return tuple(rng.randrange(top) for _ in range(rng.randint(0, 3 * size))), rng.randint(1, 1 + size)
 
+    def near_whole_blocks(rng: random.Random, size: int) -> tuple[tuple[int, ...], int]:
+        """A whole number of blocks, one token short of it or one over, block sizes 1 to 64."""
+        bs = rng.choice((1, 2, rng.randint(1, 64)))
+        n = max(0, bs * rng.randint(0, 1 + size // 2) + rng.choice((-1, 0, 1)))
+        return tuple(rng.randrange(rng.choice((2, 2**62))) for _ in range(n)), bs
+
     def shrink(value: tuple[tuple[int, ...], int]) -> list[tuple[tuple[int, ...], int]]:
         ids, bs = value
         out = [(smaller, bs) for smaller in shrink_tuple(ids)] + [(ids, b) for b in shrink_int(bs, 1)]
@@ -445,16 +492,19 @@ def _hash_cases() -> list[Case]:
 
     return [make(*i) for i in inputs] + [
         random_case(
-            "24 random token lists: any length (partial blocks too), block sizes 1-13, token ids up to 2^62",
+            f"{HASH_DRAWS} random token lists: any length (partial blocks too, and a whole number of blocks "
+            "give or take a token), block sizes 1-64, token ids up to 2^62",
             Draw(
                 draw,
                 lambda fn, v: make("", *v).run(fn),
                 lambda v: f"block_hashes({list(v[0])}, {v[1]})",
                 shrink,
                 lambda v: len(v[0]),
+                classes=(("a whole number of blocks ± 1 token", near_whole_blocks),),
             ),
             seed=1300,
             max_size=12,
+            count=HASH_DRAWS,
         )
     ]
 

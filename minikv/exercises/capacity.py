@@ -103,15 +103,30 @@ def _random_bytes_case(reference: Callable[..., int], lowest_last: int, seed: in
     def show(args: tuple[object, ...]) -> str:
         return f"{reference.__name__}({', '.join(map(str, args))})"
 
+    def boundary(rng: random.Random, size: int) -> tuple[object, ...]:
+        """Dimensions of 1 (and a last one of ``lowest_last``) beside large ones: what a formula drops shows."""
+        ends = (1, 1, 2, rng.randint(1, 10**6))
+        last = rng.choice((lowest_last, lowest_last + 1, rng.randint(lowest_last, 10**5)))
+        return (rng.choice(ends), rng.choice(ends), last, rng.choice(DTYPES))
+
+    def rare_dtype(rng: random.Random, size: int) -> tuple[object, ...]:
+        """The dtypes whose element size a float-only formula gets wrong: 1, 8 and 16 bytes, bool, float8."""
+        top = 4 + size * 40
+        odd = [d for d in DTYPES if d.is_complex or not d.is_floating_point or d.itemsize == 1]
+        return (rng.randint(1, top), rng.randint(1, top), rng.randint(max(lowest_last, 1), top), rng.choice(odd))
+
     return random_case(
-        f"{RANDOM_NAME} shapes in every dtype (float64, ints, bool, complex, float8...)",
-        Draw(draw, run, show, shrink),
+        f"{BYTES_DRAWS} random shapes in every dtype (float64, ints, bool, complex, float8...), "
+        "dimensions of 1 and huge ones",
+        Draw(draw, run, show, shrink, classes=(("dimensions of 1", boundary), ("a rare dtype", rare_dtype))),
         seed=seed,
         max_size=60,
+        count=BYTES_DRAWS,
     )
 
 
-RANDOM_NAME = "24 random"
+BYTES_DRAWS, FIT_DRAWS, SHARING_DRAWS = 2000, 3000, 1000
+"""How many random inputs each capacity check draws: as many as keep the check well under a second."""
 
 
 def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: object) -> Case:
@@ -169,12 +184,31 @@ def _fit_cases() -> list[Case]:
         memory, per_token = args
         return [(m, per_token) for m in shrink_int(memory)] + [(memory, p) for p in shrink_int(per_token, 1)]
 
+    def near_a_whole_number(rng: random.Random, size: int) -> tuple[int, int]:
+        """A budget of exactly k tokens, one byte short of it or one byte over: where rounding shows."""
+        per_token = rng.randint(1, 2 ** rng.randint(1, 8 + size))
+        tokens = rng.choice((0, 1, 2, rng.randint(3, 2 ** (2 * size + 4))))
+        return max(per_token * tokens + rng.choice((-1, 0, 1)), 0), per_token
+
+    def beyond_a_float(rng: random.Random, size: int) -> tuple[int, int]:
+        """Budgets past 2^53 bytes, where ``int(memory / per_token)`` is off."""
+        per_token = rng.randint(1, 2**20)
+        return per_token * rng.randint(2**53, 2**80) - rng.randint(0, 1), per_token
+
     return [make(*budget) for budget in budgets] + [
         random_case(
-            f"{RANDOM_NAME} budgets, up to 2^100 bytes (beyond what a float holds exactly)",
-            Draw(draw, run_one, lambda a: f"tokens_that_fit({a[0]}, {a[1]})", shrink),
+            f"{FIT_DRAWS} random budgets, up to 2^100 bytes (beyond what a float holds exactly), "
+            "many of them a whole number of tokens give or take a byte",
+            Draw(
+                draw,
+                run_one,
+                lambda a: f"tokens_that_fit({a[0]}, {a[1]})",
+                shrink,
+                classes=(("a whole number of tokens ± 1 byte", near_a_whole_number), ("past 2^53", beyond_a_float)),
+            ),
             seed=300,
             max_size=48,
+            count=FIT_DRAWS,
         )
     ]
 
@@ -239,12 +273,37 @@ def _sharing_cases() -> list[Case]:
             smaller += [(*prompts[:i], p, *prompts[i + 1 :]) for p in shrink_tuple(prompt)]
         return smaller
 
+    def digits_run_together(rng: random.Random, size: int) -> tuple[tuple[int, ...], ...]:
+        """Prompts that nest inside each other, over ids whose decimal digits run together (2, 20, 200, 12):
+        sorted as text, ``[1, 20]`` comes between ``[1, 2, 3]`` and ``[1, 2]``."""
+        vocab = (1, 2, 3, 12, 20, 21, 200)
+        prompts: list[tuple[int, ...]] = []
+        for _ in range(rng.randint(2, 3 + size // 2)):
+            base = rng.choice(prompts) if prompts and rng.random() < 0.8 else ()
+            cut = base[: rng.randint(0, len(base))]
+            prompts.append(cut + tuple(rng.choice(vocab) for _ in range(rng.randint(0, 1 + size // 3))))
+        return tuple(prompts)
+
+    def many_repeats(rng: random.Random, size: int) -> tuple[tuple[int, ...], ...]:
+        """The same few prompts again and again, in any order, some empty."""
+        pool = [tuple(rng.randrange(3) for _ in range(rng.randint(0, 1 + size))) for _ in range(rng.randint(1, 3))]
+        return tuple(rng.choice(pool) for _ in range(rng.randint(1, 2 + size)))
+
     return [make(*s) for s in prompt_sets] + [
         random_case(
-            f"{RANDOM_NAME} prompt sets, in any order, with token ids up to 2^40",
-            Draw(draw, run_one, lambda p: str([list(x) for x in p]), shrink, lambda p: sum(map(len, p))),
+            f"{SHARING_DRAWS} random prompt sets, in any order, with token ids up to 2^40, "
+            "many nested over ids like 2, 20 and 200",
+            Draw(
+                draw,
+                run_one,
+                lambda p: str([list(x) for x in p]),
+                shrink,
+                lambda p: sum(map(len, p)),
+                classes=(("nested prompts over 2, 20, 200", digits_run_together), ("repeats", many_repeats)),
+            ),
             seed=400,
             max_size=12,
+            count=SHARING_DRAWS,
         )
     ]
 

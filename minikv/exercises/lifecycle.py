@@ -131,8 +131,8 @@ def check_accounting(world: World, when: str) -> None:
     if shared:
         raise Mismatch(
             f"{when}, the slots {shared} are free in the pool although the tree still holds them: "
-            "the next request would overwrite a cached prefix. Free only the request's own duplicates, "
-            "indices[cached_len:already_cached], never indices[:already_cached]."
+            "the next request would overwrite a cached prefix. Which of the request's slots does the tree "
+            "hold once insert_prefix has returned, and which did it never take?"
         )
     ps = world.pool.page_size
     tree_pages = state.size_info.evictable_size // ps + state.size_info.protected_size // ps
@@ -165,8 +165,7 @@ def check_kv(world: World, ids: tuple[int, ...], when: str) -> None:
                 raise Mismatch(
                     f"{when}, the {label} cache of layer {layer} does not hold the KV of token {pos} "
                     f"(id {ids[pos]}) in slot {slots[pos]}, the slot the tree points at. "
-                    "Store the new tokens' K/V (kv_fn(layer, input_ids, cached_len)) "
-                    "into the request's own slots, indices[cached_len:]."
+                    "Which tokens did this request's forward pass compute, and which slots are its own?"
                 )
 
 
@@ -269,6 +268,10 @@ SERVE_SCENARIOS = [
 
 FINISH_SCENARIOS = [
     Scenario("a request on an empty cache", (admit("A", 1, 2, 3, 4), finish("A"))),
+    Scenario(
+        "a request whose first token was cached: that slot stays the tree's",
+        (serve(7, 8), admit("A", 7, 9), finish("A")),
+    ),
     Scenario("a request whose prefix was cached", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5), finish("A"))),
     Scenario(
         "two identical requests run together: all of the second's slots are duplicates",
@@ -358,16 +361,19 @@ def _slots_to_free_cases() -> list[Case]:
 
     return [make(s) for s in FINISH_SCENARIOS] + [
         random_case(
-            "24 random requests: any slots in any order, any page size, any page-aligned cached and duplicate parts",
+            f"{FREE_DRAWS} random requests: any slots in any order, any page size, any page-aligned cached "
+            "and duplicate parts, prompts shorter than a page",
             Draw(
                 _draw_free,
                 lambda fn, a: _check_slots_to_free(fn, a, _reference_slots_to_free(*a)),
                 _show_free,
                 _shrink_free,
                 lambda a: len(a[0]),
+                classes=(("a prompt shorter than one page", _draw_short_free),),
             ),
             seed=900,
             max_size=40,
+            count=FREE_DRAWS,
         )
     ]
 
@@ -390,6 +396,14 @@ def _draw_free(rng: random.Random, size: int) -> FreeArgs:
     already = page_size * rng.randint(cached // page_size, whole)
     top = rng.choice((n + 4, 1000, 2**31 - 1))
     return tuple(rng.sample(range(top), n)), cached, already, page_size
+
+
+def _draw_short_free(rng: random.Random, size: int) -> FreeArgs:
+    """A prompt shorter than one page (nothing matched, nothing inserted), or one page and a few tokens."""
+    page_size = rng.randint(2, 16)
+    n = rng.randint(1, page_size - 1) + rng.choice((0, page_size))
+    already = page_size * rng.randint(0, n // page_size)
+    return tuple(rng.sample(range(n + 8), n)), 0, already, page_size
 
 
 def _shrink_free(args: FreeArgs) -> list[FreeArgs]:
@@ -421,16 +435,57 @@ def _check_slots_to_free(fn: _F, args: FreeArgs, expected: list[int]) -> None:
     got_list = got.tolist()
     if got_list != expected:
         where, exp_text, got_text = diff(expected, got_list)
-        order = " They must come in the order they appear in indices." if sorted(got_list) == sorted(expected) else ""
+        why, tree_slot = _why_free(indices, cached, already, page_size, expected, got_list)
         raise Mismatch(
             f"slots_to_free(indices={short(list(indices), 16)}, cached_len={cached}, "
-            f"already_cached={already}, page_size={page_size}) is wrong: {where}.{order} "
-            "The first cached_len slots belong to the tree; "
-            "the duplicates are indices[cached_len:already_cached]; "
-            "with page_size > 1 the tail after the last whole page was not inserted either.",
+            f"already_cached={already}, page_size={page_size}) is wrong: {where}. {why}",
             exp_text,
             got_text,
+            # freeing a slot the tree holds is the mistake chapter 2 warns about: report it first
+            size=0 if tree_slot else None,
         )
+
+
+def _why_free(
+    indices: tuple[int, ...], cached: int, already: int, page_size: int, expected: list[int], got: list[int]
+) -> tuple[str, bool]:
+    """A hint about the first slot that is wrong, by the part of ``indices`` it lies in; and whether the
+    learner freed a slot the tree holds."""
+    position = {slot: p for p, slot in enumerate(indices)}
+    inserted_end = len(indices) - len(indices) % page_size
+    extra = [s for s in got if s not in set(expected)]
+    missing = [s for s in expected if s not in set(got)]
+    if extra:
+        slot = extra[0]
+        p = position.get(slot)
+        if p is None:
+            return f"Slot {slot} is not in indices at all.", False
+        if p < cached:
+            return (
+                f"Your result frees slot {slot}, at position {p} of indices: the request matched that token at "
+                "step 1, so who owned the slot before the request began, and who owns it now?",
+                True,
+            )
+        return (
+            f"Your result frees slot {slot}, at position {p} of indices: what did insert_prefix do with that "
+            f"token (it returned already_cached = {already})?",
+            True,
+        )
+    if missing:
+        slot = missing[0]
+        p = position[slot]
+        if p < already:
+            return (
+                f"Your result keeps slot {slot}, at position {p} of indices: insert_prefix found that token "
+                f"already in the tree (already_cached = {already}); does the tree want this request's copy?",
+                False,
+            )
+        return (
+            f"Your result keeps slot {slot}, at position {p} of indices; with page_size {page_size} "
+            f"the prompt's whole pages end at position {inserted_end}: what does insert_prefix do with the rest?",
+            False,
+        )
+    return "The right slots, in another order: give them in the order they appear in indices.", False
 
 
 def _scenario_case(scenario: Scenario, run: Callable[[_F, Scenario], None]) -> Case:
@@ -523,12 +578,28 @@ def _show_scenario(scenario: Scenario) -> str:
 
 def _random_scenarios(kind: str, run: Callable[[_F, Scenario], None], seed: int) -> Case:
     what = {"serve": "request histories", "admit": "cache states", "finish": "overlapping requests"}[kind]
+    plain = _draw_scenario(kind)
+
+    def short_pool(rng: random.Random, size: int) -> Scenario:
+        """A pool of exactly the pages the longest request needs, or one page fewer: eviction and refusal."""
+        scenario = plain(rng, size)
+        ps = scenario.page_size
+        longest = max(-(-len(e.ids) // ps) for e in scenario.events if e.ids)
+        return dataclasses.replace(scenario, num_pages=max(1, longest + rng.choice((-1, 0, 0, 1))))
+
+    classes = () if kind == "finish" else (("a pool that runs short", short_pool),)
     return random_case(
-        f"24 random {what}: page sizes 1-4, tight pools, token ids up to 2^20",
-        Draw(_draw_scenario(kind), run, _show_scenario, _shrink_scenario, lambda s: s.size),
+        f"{SCENARIO_DRAWS} random {what}: page sizes 1-4, tight pools (many exactly as large as the longest "
+        "request, or a page short), token ids up to 2^20",
+        Draw(plain, run, _show_scenario, _shrink_scenario, lambda s: s.size, classes=classes),
         seed=seed,
         max_size=12,
+        count=SCENARIO_DRAWS,
     )
+
+
+SCENARIO_DRAWS, FREE_DRAWS = 150, 4000
+"""How many random inputs the lifecycle checks draw: as many as keep each check under about a second."""
 
 
 def _no_evict_from(error: BaseException | None) -> None:
@@ -710,14 +781,21 @@ def _serve_cases() -> list[Case]:
 
 
 class _WatchedCache:
-    """Records the slots every ``store_kv`` call writes (and the manager's evictions), then lets them happen."""
+    """A model of slot ownership: records the slots every ``store_kv`` call writes (per layer, and whether
+    the pool held them at that moment), the slots ``pool.allocate`` hands out and the manager's evictions,
+    then lets each call happen."""
 
-    def __init__(self, kv_cache: MHAKVCache, manager: RadixCacheManager) -> None:
+    def __init__(self, kv_cache: MHAKVCache, manager: RadixCacheManager, pool: PagePool) -> None:
         self.kv_cache = kv_cache
         self.written: set[int] = set()
         self.evicted: set[int] = set()
+        self.allocated: list[int] = []
+        self.by_layer: dict[int, set[int]] = {}
+        self.into_the_pool: list[int] = []
+        """Slots written while the pool held them (freed already: the next request may get them)."""
         real = kv_cache.store_kv
         real_evict = manager.evict
+        real_allocate = pool.allocate
 
         def evict(size: int) -> torch.Tensor:
             freed = real_evict(size)
@@ -726,11 +804,29 @@ class _WatchedCache:
 
         manager.evict = evict  # type: ignore[method-assign]
 
+        def allocate(*args: object, **kwargs: object) -> torch.Tensor:
+            slots = real_allocate(*args, **kwargs)  # type: ignore[arg-type]
+            self.allocated.extend(torch.as_tensor(slots).flatten().tolist())
+            return slots
+
+        pool.allocate = allocate  # type: ignore[method-assign]
+
         def store_kv(k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
-            self.written.update(torch.as_tensor(out_loc).flatten().tolist())
+            slots = torch.as_tensor(out_loc).flatten().tolist()
+            self.written.update(slots)
+            self.by_layer.setdefault(int(layer_id), set()).update(slots)
+            free = set(pool.free_slots().tolist())
+            self.into_the_pool.extend(slot for slot in slots if slot in free)
             real(k, v, out_loc, layer_id)
 
         kv_cache.store_kv = store_kv  # type: ignore[method-assign]
+
+    def clear(self) -> None:
+        self.written.clear()
+        self.evicted.clear()
+        self.allocated.clear()
+        self.by_layer.clear()
+        self.into_the_pool.clear()
 
     def rows(self, slots: list[int]) -> list[torch.Tensor]:
         index = torch.tensor(slots, dtype=torch.int64)
@@ -744,7 +840,7 @@ class _WatchedCache:
 
 def _run_serve(fn: _F, scenario: Scenario) -> None:
     mine, ref = World(scenario), World(scenario)
-    watched = _WatchedCache(mine.kv_cache, mine.manager)
+    watched = _WatchedCache(mine.kv_cache, mine.manager, mine.pool)
     for number, event in enumerate(scenario.events, 1):
         when = f"after request {number} ({list(event.ids)})"
         try:
@@ -756,11 +852,35 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
         tree_before = set(_trees.all_slots(_trees.snapshot(mine.manager)))
         kept = sorted(tree_before)
         rows_before = watched.rows(kept)
-        watched.written.clear()
-        watched.evicted.clear()
+        watched.clear()
         given = _ids(event.ids)
         got, error = raised(fn, mine.manager, mine.pool, given, mine.kv_cache, kv_fn)
         expect_unchanged(("input_ids",), (_ids(event.ids),), (given,))
+        if watched.into_the_pool:
+            slot = watched.into_the_pool[0]
+            raise Mismatch(
+                f"request {number} ({list(event.ids)}) wrote K/V into slot {slot} after that slot had gone back "
+                "to the pool: the pool may hand it to the next request, and a free slot's contents mean nothing. "
+                "In what order does a server run the forward pass and the request's end?",
+                "every store_kv into a slot the request still holds",
+                f"store_kv into slot {slot}, which the pool held at that moment",
+            )
+        unwritten = [
+            (layer, slot)
+            for layer in range(LAYERS)
+            for slot in watched.allocated
+            if slot not in watched.by_layer.get(layer, set())
+        ]
+        if unwritten and error is None:
+            layer, slot = unwritten[0]
+            raise Mismatch(
+                f"request {number} ({list(event.ids)}) got slot {slot} from pool.allocate, but nothing was "
+                f"stored into it in layer {layer}: every new slot must receive its token's K and V in every layer "
+                "before anyone may read it.",
+                f"a store_kv into slot {slot} in layer {layer}",
+                f"layers written into slot {slot}: "
+                f"{[x for x in range(LAYERS) if slot in watched.by_layer.get(x, set())]}",
+            )
         survived = tree_before - watched.evicted  # cached before, and never handed out again
         overwritten = sorted(watched.written & survived)
         after = watched.rows(kept)
@@ -773,10 +893,10 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
         if overwritten or changed:
             slot = (overwritten or changed)[0]
             raise Mismatch(
-                f"request {number} wrote into slot {slot}, which holds a cached prefix the tree keeps: "
-                "store only the new tokens, kv_fn(layer, input_ids, cached_len), into the request's own slots, "
-                "indices[cached_len:]; the matched slots are shared and must stay as they are.",
-                "writes only into indices[cached_len:]",
+                f"request {number} ({list(event.ids)}) wrote into slot {slot}, which holds a cached prefix the "
+                "tree keeps: other requests read those slots, so they must stay as they are (even rewritten "
+                "with equal values). Which part of indices did the request match, and which part is its own?",
+                "writes only into the request's own new slots",
                 f"writes into {len(overwritten or changed)} cached slot(s), e.g. {slot}",
             )
         if expected is None:

@@ -35,6 +35,8 @@ from ._core import (
 )
 
 _F = Callable[..., object]
+NAIVE_DRAWS = 1000
+"""How many random request sequences the naive check draws: as many as keep it well under a second."""
 
 
 def _make(fn: _F) -> Any:
@@ -146,6 +148,27 @@ def _naive_cases() -> list[Case]:
                         short(again),
                     )
 
+    def device_case(fn: _F) -> None:
+        devices: list[Any] = ["cpu", torch.device("cpu"), "cpu:0", torch.device("cpu", 0)]
+        if torch.cuda.is_available():
+            devices += ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0)]
+        for device in devices:
+            manager = call(fn, device)
+            wanted = torch.device(device).type
+            results = (
+                ("match_prefix", call(manager.match_prefix, torch.tensor([1, 2], dtype=torch.int64))[1]),
+                ("evict(0)", call(manager.evict, 0)),
+                ("reset()", call(manager.reset)),
+            )
+            for name, got in results:
+                if not isinstance(got, torch.Tensor) or got.device.type != wanted:
+                    raise Mismatch(
+                        f"a manager made with device={device!r}: {name} must return its empty tensor on that "
+                        "device (the caller concatenates it with slots on that device).",
+                        f"a tensor on {wanted}",
+                        f"a tensor on {got.device}" if isinstance(got, torch.Tensor) else repr(got),
+                    )
+
     def serve_case(prompts: list[list[int]], num_pages: int) -> Callable[[_F], None]:
         def run(fn: _F) -> None:
             manager = _make(fn)
@@ -181,6 +204,11 @@ def _naive_cases() -> list[Case]:
         )
         return prompts, max(len(p) for p in prompts) + rng.randint(0, 2)
 
+    def short_pool(rng: random.Random, size: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """A pool of exactly the pages the longest prompt needs: nothing may stay allocated between requests."""
+        prompts, _ = draw(rng, size)
+        return prompts, max(len(p) for p in prompts)
+
     def shrink(value: tuple[tuple[tuple[int, ...], ...], int]) -> list[tuple[tuple[tuple[int, ...], ...], int]]:
         prompts, pages = value
         return [(p, pages) for p in shrink_tuple(prompts, 1)]
@@ -194,6 +222,11 @@ def _naive_cases() -> list[Case]:
         Case("size_info is (0, 0), reset() returns an empty int32 tensor, check_integrity() passes", 1, sizes_case),
         Case("every empty tensor returned is the caller's own: resizing one changes no later result", 1, own_case),
         Case(
+            "the device given as a string or a torch.device, with or without an index: tensors land on it",
+            1,
+            device_case,
+        ),
+        Case(
             "three requests through the seven steps leak no slot",
             12,
             serve_case([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], 16),
@@ -202,15 +235,18 @@ def _naive_cases() -> list[Case]:
             "requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)
         ),
         random_case(
-            "24 random request sequences through the seven steps, token ids up to 2^40, pools just large enough",
+            f"{NAIVE_DRAWS} random request sequences through the seven steps, token ids up to 2^40, "
+            "pools just large enough (many exactly as large as the longest prompt)",
             Draw(
                 draw,
                 lambda fn, v: serve_case([list(p) for p in v[0]], v[1])(fn),
                 lambda v: f"{v[1]} pages, prompts {[list(p) for p in v[0]]}",
                 shrink,
                 lambda v: sum(map(len, v[0])),
+                classes=(("a pool of exactly the longest prompt's pages", short_pool),),
             ),
             seed=1600,
             max_size=12,
+            count=NAIVE_DRAWS,
         ),
     ]
