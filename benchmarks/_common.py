@@ -16,10 +16,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from minikv.tiny_model import TinyDecoder
 
 RESULTS = Path(os.environ.get("MINIKV_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 """Where results are written; the smoke tests point it at a temporary folder."""
@@ -36,6 +39,28 @@ def median_seconds(run: Callable[[], object], repeats: int = 5, warmup: int = 1)
         run()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples), samples
+
+
+def serving_setup(doc: str | None, vocab_size: int) -> tuple[bool, TinyDecoder]:
+    """The serving-policy benchmarks' shared start: their one flag and their model.
+
+    Returns whether ``--quick`` was given (fewer requests: a smoke test) and a seeded one-layer
+    ``TinyDecoder`` on one thread. Their figures are counts (tokens, steps, preemptions), so the
+    model only has to be small and deterministic.
+    """
+    import argparse
+
+    from minikv.tiny_model import TinyDecoder
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke test)")
+    quick = parser.parse_args().quick
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TinyDecoder(
+        vocab_size=vocab_size, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, max_positions=512
+    )
+    return quick, model
 
 
 def machine() -> dict[str, Any]:

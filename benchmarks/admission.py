@@ -29,13 +29,11 @@ Writes ``benchmarks/results/admission.json``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-from _common import machine, table, write_results
+from _common import machine, serving_setup, table, write_results
 
 from minikv.admission import AdmissionPolicy, FullReservation, Optimistic, Retraction
 from minikv.course.workloads import shared_system_prompt
@@ -88,13 +86,8 @@ def serve(model: TinyDecoder, prompts: list[np.ndarray], admission: AdmissionPol
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke test)")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, max_positions=512)
-    prompts = shared_system_prompt(16 if args.quick else 48, 4, 96, (8, 24), VOCAB, seed=0)
+    quick, model = serving_setup(__doc__, VOCAB)
+    prompts = shared_system_prompt(16 if quick else 48, 4, 96, (8, 24), VOCAB, seed=0)
     rows, reference = [], None
     for name, make in POLICIES.items():
         result = serve(model, prompts, make())
@@ -109,7 +102,7 @@ def main() -> None:
     print(table(rows, columns, {"admitted_per_prefill": ".2f", "mean_concurrent": ".2f"}))
     path = write_results(
         "admission",
-        {"quick": args.quick, "machine": machine(), "max_new_tokens": MAX_NEW, "stop_tokens": list(STOPS),
+        {"quick": quick, "machine": machine(), "max_new_tokens": MAX_NEW, "stop_tokens": list(STOPS),
          "max_running": MAX_RUNNING, "rows": rows},
     )  # fmt: skip
     print(f"wrote {path}")

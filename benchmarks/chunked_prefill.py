@@ -27,13 +27,11 @@ Writes ``benchmarks/results/chunked_prefill.json``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from typing import Any
 
 import numpy as np
-import torch
-from _common import machine, table, write_results
+from _common import machine, serving_setup, table, write_results
 
 from minikv.engine import Batch, EngineRequest, make_engine
 from minikv.tiny_model import TinyDecoder
@@ -111,13 +109,8 @@ def serve(model: TinyDecoder, work: list[tuple[np.ndarray, int, bool]], budget: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke test)")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, max_positions=512)
-    work = stream(18 if args.quick else 48)
+    quick, model = serving_setup(__doc__, VOCAB)
+    work = stream(18 if quick else 48)
     rows, reference = [], None
     for budget in BUDGETS:
         result = serve(model, work, budget)
@@ -132,7 +125,7 @@ def main() -> None:
     print(table(rows, columns, {"mean_ttft": ".2f", "mean_ttft_long": ".2f"}))
     path = write_results(
         "chunked_prefill",
-        {"quick": args.quick, "machine": machine(), "max_running": MAX_RUNNING, "arrival_gap": ARRIVAL_GAP,
+        {"quick": quick, "machine": machine(), "max_running": MAX_RUNNING, "arrival_gap": ARRIVAL_GAP,
          "short": {"prompt": list(SHORT[0]), "new": SHORT[1]}, "long": {"prompt": list(LONG[0]), "new": LONG[1]},
          "long_every": LONG_EVERY, "rows": rows},
     )  # fmt: skip

@@ -32,13 +32,11 @@ Writes ``benchmarks/results/scheduling.json``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-from _common import machine, table, write_results
+from _common import machine, serving_setup, table, write_results
 
 from minikv.course.workloads import few_shot, multi_turn_chat, shared_system_prompt
 from minikv.engine import EngineRequest, make_engine
@@ -105,14 +103,9 @@ def serve(model: TinyDecoder, prompts: list[np.ndarray], gap: int, policy: Sched
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke test)")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, max_positions=512)
+    quick, model = serving_setup(__doc__, VOCAB)
     rows = []
-    for name, (prompts, gap) in workloads(args.quick).items():
+    for name, (prompts, gap) in workloads(quick).items():
         fcfs_outputs = None
         for policy_name, make in POLICIES.items():
             result = serve(model, prompts, gap, make())
@@ -127,7 +120,7 @@ def main() -> None:
     print(table(rows, columns, {"prefill_vs_fcfs": ".2f", "mean_wait": ".1f"}))
     path = write_results(
         "scheduling",
-        {"quick": args.quick, "machine": machine(), "max_new_tokens": MAX_NEW, "max_running": MAX_RUNNING,
+        {"quick": quick, "machine": machine(), "max_new_tokens": MAX_NEW, "max_running": MAX_RUNNING,
          "rows": rows},
     )  # fmt: skip
     print(f"wrote {path}")
