@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from functools import cache
 
 import numpy as np
 import pytest
 import torch
+from engine_workloads import MODEL, reference, serve, workloads
 from helpers import REPRODUCIBLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,18 +37,9 @@ from minikv.scheduling import (
 )
 from minikv.tiny_model import TinyDecoder
 
-VOCAB = 16
-MODEL = TinyDecoder(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=64)
 BIG = TinyDecoder(vocab_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=128)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-tokens = st.integers(0, VOCAB - 1)
-
-
-@cache
-def reference(prompt: tuple[int, ...], max_new: int, stops: tuple[int, ...]) -> list[int]:
-    return recompute(MODEL, list(prompt), max_new, stops)
 
 
 class PreviousEngine(Engine):
@@ -73,52 +64,11 @@ class PreviousEngine(Engine):
         return Batch("prefill", admitted, rows, cached, [r.kv_len for r in admitted])
 
 
-@st.composite
-def workloads(draw: st.DrawFn) -> dict:
-    """Prompts over a few shared prefixes, arrivals spread over the first steps, a pool that may run dry."""
-    prefixes = draw(st.lists(st.lists(tokens, min_size=1, max_size=12), min_size=1, max_size=3))
-    requests = []
-    for _ in range(draw(st.integers(2, 7))):
-        prompt = draw(st.sampled_from(prefixes)) + draw(st.lists(tokens, min_size=1, max_size=6))
-        requests.append((tuple(prompt), draw(st.integers(1, 10)), draw(st.integers(0, 6))))
-    page_size = draw(st.sampled_from([1, 4]))
-    longest = max(len(p) + n - 1 for p, n, _ in requests)
-    fewest = -(-longest // page_size)
-    return {
-        "requests": requests,  # (prompt, max_new_tokens, arrival step)
-        "stops": tuple(draw(st.lists(tokens, max_size=2, unique=True))),
-        "page_size": page_size,
-        "num_pages": draw(st.integers(fewest, fewest + 12 // page_size)),
-        "max_running": draw(st.integers(1, 4)),
-        "overlap": draw(st.booleans()),
-    }
-
-
-def serve(work: dict, policy: SchedulingPolicy | str, engine_class: type[Engine] = Engine) -> tuple[Engine, list]:
-    """Submit each request at its arrival step, run to the end, checking the engine after every step."""
-    engine = make_engine(
-        MODEL, work["num_pages"], work["page_size"], max_running=work["max_running"], overlap=work["overlap"],
-        engine_class=engine_class, policy=policy,
-    )  # fmt: skip
-    arrivals = sorted(enumerate(work["requests"]), key=lambda item: (item[1][2], item[0]))
-    requests: list[EngineRequest | None] = [None] * len(arrivals)
-    step = 0
-    while arrivals or engine.has_work():
-        while arrivals and arrivals[0][1][2] <= step:
-            index, (prompt, max_new, _) = arrivals.pop(0)
-            requests[index] = engine.submit(EngineRequest(list(prompt), max_new, work["stops"]))
-        engine.step()
-        engine.check()
-        step += 1
-        assert step < 2000
-    return engine, requests
-
-
 @settings(REPRODUCIBLE, max_examples=40)
 @given(workloads(), st.sampled_from(sorted(POLICIES)))
 def test_every_policy_generates_what_recompute_generates(work: dict, name: str) -> None:
     policy = Aging(tokens_per_step=2) if name == "aging" else as_policy(name)
-    engine, requests = serve(work, policy)
+    engine, requests = serve(work, policy=policy)
     for request, (prompt, max_new, _) in zip(requests, work["requests"], strict=True):
         assert request is not None and request.finished
         assert request.output == reference(prompt, max_new, work["stops"])
@@ -132,8 +82,8 @@ def counts(engine: Engine) -> dict:
 @settings(REPRODUCIBLE, max_examples=40)
 @given(workloads())
 def test_fcfs_is_the_engine_before_policies(work: dict) -> None:
-    before, old = serve(work, "fcfs", PreviousEngine)
-    after, new = serve(work, FCFS())
+    before, old = serve(work, PreviousEngine, policy="fcfs")
+    after, new = serve(work, policy=FCFS())
     assert [r.output for r in new] == [r.output for r in old]
     assert [r.admissions for r in new] == [r.admissions for r in old]
     assert counts(after) == counts(before)
