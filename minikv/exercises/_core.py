@@ -73,6 +73,21 @@ class Mismatch(Exception):
         """The size of the failing input, where it is not the case's own (a shrunk random case)."""
 
 
+def explain_a_kernel_compiled_for_no_gpu(error: BaseException | None) -> None:
+    """Triton's error for a ``@triton.jit`` kernel launched on a machine without a GPU, in plain words
+    (the kernel exercises, 3 and 7, call it on what the learner's launch raised)."""
+    import torch
+
+    if error is not None and "active drivers" in str(error) and not torch.cuda.is_available():
+        raise Mismatch(
+            "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
+            "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
+            "the kernel (the notebook's first cell does), then run the kernel's cell again.",
+            "a kernel that runs in Triton's interpreter",
+            f"{type(error).__name__}: {error}",
+        )
+
+
 class LearnerRaised(Exception):
     """The learner's function raised ``error``; ``where`` names the line, without any file path."""
 

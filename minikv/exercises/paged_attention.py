@@ -38,6 +38,7 @@ from ._core import (
     Mismatch,
     call,
     exercise,
+    explain_a_kernel_compiled_for_no_gpu,
     random_case,
     shrink_int,
 )
@@ -216,7 +217,7 @@ def _check_decode(fn: _F, setup: Setup) -> None:
     try:
         got = call(fn, t.q, t.k_cache, t.v_cache, t.table, t.lens)
     except LearnerRaised as learner:
-        _explain_a_kernel_compiled_for_no_gpu(learner.error)
+        explain_a_kernel_compiled_for_no_gpu(learner.error)
         raise
     for name, old, new in zip(("q", "k_cache", "v_cache", "table", "lens"), before,
                               (t.q, t.k_cache, t.v_cache, t.table, t.lens), strict=True):  # fmt: skip
@@ -259,18 +260,6 @@ def _diagnosis(t: Tensors, got: torch.Tensor, tol: float) -> str:
 def _row(values: torch.Tensor) -> str:
     items = [f"{v:.4g}" for v in values.tolist()]
     return "[" + ", ".join(items[:8]) + (f", ... ({len(items)} values)" if len(items) > 8 else "") + "]"
-
-
-def _explain_a_kernel_compiled_for_no_gpu(error: BaseException | None) -> None:
-    """Triton's error for a ``@triton.jit`` kernel launched on a machine without a GPU, in plain words."""
-    if error is not None and "active drivers" in str(error) and not torch.cuda.is_available():
-        raise Mismatch(
-            "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
-            "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
-            "the kernel (the notebook's first cell does), then run the kernel's cell again.",
-            "a kernel that runs in Triton's interpreter",
-            f"{type(error).__name__}: {error}",
-        )
 
 
 SETUPS = [
@@ -440,7 +429,7 @@ def _check_probe(fn: _F) -> None:
         found = call(rows_read, fn)
     except LearnerRaised as learner:
         if learner.function:  # raised in the learner's code
-            _explain_a_kernel_compiled_for_no_gpu(learner.error)
+            explain_a_kernel_compiled_for_no_gpu(learner.error)
             raise
         raise Mismatch(
             "the checker could not read your output on the probe cache: return (batch, heads, head_dim)."

@@ -33,6 +33,7 @@ from ._core import (
     call_watching,
     exercise,
     expect_equal,
+    explain_a_kernel_compiled_for_no_gpu,
     outcome,
     raised,
     random_case,
@@ -604,7 +605,7 @@ class _Store:
         k_before, v_before, indices_before = self.k.clone(), self.v.clone(), self.indices.clone()
         if s.bad_slot is not None:
             _, error = raised(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
-            _explain_a_kernel_compiled_for_no_gpu(error)
+            explain_a_kernel_compiled_for_no_gpu(error)
             if not isinstance(error, IndexError):
                 what = outcome(error, returned="returned normally")
                 raise Mismatch(
@@ -621,7 +622,7 @@ class _Store:
         try:
             call(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
         except LearnerRaised as learner:
-            _explain_a_kernel_compiled_for_no_gpu(learner.error)
+            explain_a_kernel_compiled_for_no_gpu(learner.error)
             raise
         if not (torch.equal(self.k, k_before) and torch.equal(self.v, v_before)):
             raise Mismatch("your function changed k or v; it should only read them.")
@@ -689,18 +690,6 @@ class _Store:
         if bool((row == FILL).any()):
             return "a row that is only partly written"
         return "values that are no token's K or V row (wrong strides?)"
-
-
-def _explain_a_kernel_compiled_for_no_gpu(error: BaseException | None) -> None:
-    """Triton's error for a ``@triton.jit`` kernel launched on a machine without a GPU, in plain words."""
-    if error is not None and "active drivers" in str(error) and not torch.cuda.is_available():
-        raise Mismatch(
-            "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
-            "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
-            "the kernel (the notebook's first cell does), then run the kernel's cell again.",
-            "a kernel that runs in Triton's interpreter",
-            f"{type(error).__name__}: {error}",
-        )
 
 
 def _guarded_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
