@@ -8,17 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import triton
-import triton.language as tl
 from exercise_helpers import WrongAnswers, chapter_tests
 
 from minikv.exercises import check
 from minikv.kernels import use_interpreter_without_cuda
 
+# Before Triton is imported: its own helpers (tl.sum, tl.max) are made interpretable at import, and
+# the kernels below at decoration. Imported first, Triton would leave them compiled-only, and
+# exercise 7's kernel, which calls tl.max, would fail in any test module collected after this one.
+use_interpreter_without_cuda()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 WRONG = WrongAnswers()
 wrong = WRONG.register
-
-use_interpreter_without_cuda()  # before the @triton.jit below: Triton decides at decoration time
 
 
 @wrong("storage.tp_head_range")
