@@ -18,6 +18,7 @@ from .capacity import (
 )
 from .engine import Engine, EngineRequest
 from .kernels import store_cache, store_cache_reference
+from .language import get_language, set_language
 from .lifecycle import Request, admit, finish, serve
 from .mha_pool import MHAKVCache
 from .naive_manager import NaiveCacheHandle, NaiveCacheManager
@@ -49,9 +50,11 @@ __all__ = [
     "engine",
     "errors",
     "finish",
+    "get_language",
     "kv_bytes_per_token",
     "mla_bytes_per_token",
     "serve",
+    "set_language",
     "store_cache",
     "store_cache_reference",
     "tiny_model",

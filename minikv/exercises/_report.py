@@ -13,6 +13,8 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..language import tr
+
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -66,7 +68,7 @@ class CheckResult:
         """The verdict, and what to do about it."""
         total = len(self.cases)
         if self.passed:
-            return f"✓ {self.exercise_id}: all {total} cases passed.", ""
+            return tr("✓ {exercise}: all {total} cases passed.", exercise=self.exercise_id, total=total), ""
         if self.not_written:
             named = self.cases[0].problem if self.cases[0].problem.startswith("`") else ""
             if named:  # a function or method it calls is the stub, not the one under check

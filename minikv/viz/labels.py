@@ -32,13 +32,14 @@ from __future__ import annotations
 import html
 import re
 import string
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
-from ..errors import ArgumentError, ArgumentTypeError
+from ..errors import ArgumentError
+from ..language import LANGUAGES, get_language, language, set_language
+from ..language import checked_language as _checked
 
 __all__ = [
     "CATALOG",
@@ -54,9 +55,6 @@ __all__ = [
     "translate",
     "translate_html",
 ]
-
-LANGUAGES = ("en", "zh")
-"""The languages of the catalog: English (the source) and simplified Chinese."""
 
 CJK_FONT_FAMILY = (
     "'Noto Sans CJK SC','Source Han Sans SC','PingFang SC','Hiragino Sans GB','Microsoft YaHei',"
@@ -300,38 +298,6 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
 )
 """Key -> :class:`Label`. Keys are grouped by the module that draws them."""
 
-_language = "en"
-
-
-def set_language(lang: str) -> None:
-    """Draw in ``lang`` from now on: ``"en"`` (the default) or ``"zh"`` (simplified Chinese)."""
-    global _language
-    _language = _checked(lang)
-
-
-def get_language() -> str:
-    """The language drawings use now (see :func:`set_language`)."""
-    return _language
-
-
-@contextmanager
-def language(lang: str) -> Iterator[None]:
-    """Draw in ``lang`` inside a ``with`` block, then go back to the language before it."""
-    before = get_language()
-    set_language(lang)
-    try:
-        yield
-    finally:
-        set_language(before)
-
-
-def _checked(lang: object) -> str:
-    if not isinstance(lang, str):
-        raise ArgumentTypeError(f"lang must be a str, got {type(lang).__name__}")
-    if lang not in LANGUAGES:
-        raise ArgumentError(f"lang must be one of {LANGUAGES}, got {lang!r}")
-    return lang
-
 
 def text(key: str, /, *, lang: str | None = None, **fields: object) -> str:
     """The label ``key`` in ``lang`` (default: :func:`get_language`), its fields filled in.
@@ -340,7 +306,7 @@ def text(key: str, /, *, lang: str | None = None, **fields: object) -> str:
     """
     if key not in CATALOG:
         raise ArgumentError(f"key: no label {key!r} in the catalog")
-    lang = _language if lang is None else _checked(lang)
+    lang = get_language() if lang is None else _checked(lang)
     label = CATALOG[key]
     template = label.zh if lang == "zh" else label.en
     count = fields.get("count", fields.get("n"))
@@ -352,7 +318,7 @@ def text(key: str, /, *, lang: str | None = None, **fields: object) -> str:
 def join(items: Sequence[str], field: str = "parts", *, lang: str | None = None) -> str:
     """``items`` joined with the separator of list field ``field`` (``parts``: "; ", ``items``: ", ") in ``lang``."""
     en, zh = _LIST_FIELDS[field]
-    lang = _language if lang is None else _checked(lang)
+    lang = get_language() if lang is None else _checked(lang)
     return (zh if lang == "zh" else en).join(items)
 
 

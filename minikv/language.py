@@ -1,0 +1,139 @@
+"""The language minikv speaks to a learner: English, or simplified Chinese.
+
+One setting for the whole package. :func:`set_language` chooses the language of
+the drawings (their words live in :mod:`minikv.viz.labels`) and of the messages
+written for a reader: the exercise checker's reports and the errors a chapter
+prints. A Chinese notebook calls ``minikv.set_language("zh")`` once.
+
+Messages are written in English where they are used, gettext style::
+
+    raise ArgumentError(tr("page_size must be at least 1, got {page_size}", page_size=page_size))
+
+The English text, with its ``{named}`` fields, is the message id; :func:`tr`
+looks it up in the catalog of the current language (``minikv/locale/zh_CN.po``,
+shipped with the package) and fills the fields in. A message with no
+translation falls back to English, and a test fails the build when any message
+id in the package lacks its Chinese form (``scripts/messages.py check``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+
+__all__ = [
+    "CATALOG_FILES",
+    "LANGUAGES",
+    "catalog",
+    "checked_language",
+    "get_language",
+    "language",
+    "set_language",
+    "tr",
+]
+
+LANGUAGES = ("en", "zh")
+"""The languages minikv speaks: English (the source) and simplified Chinese."""
+
+CATALOG_FILES = MappingProxyType({"zh": Path(__file__).with_name("locale") / "zh_CN.po"})
+"""Language -> the gettext catalog that holds its form of every message (English needs none)."""
+
+_language = "en"
+
+
+def set_language(lang: str) -> None:
+    """Speak ``lang`` from now on: ``"en"`` (the default) or ``"zh"`` (simplified Chinese).
+
+    Drawings, the exercise checker's reports and printed errors all follow it.
+    """
+    global _language
+    _language = checked_language(lang)
+
+
+def get_language() -> str:
+    """The language minikv speaks now (see :func:`set_language`)."""
+    return _language
+
+
+@contextmanager
+def language(lang: str) -> Iterator[None]:
+    """Speak ``lang`` inside a ``with`` block, then go back to the language before it."""
+    before = get_language()
+    set_language(lang)
+    try:
+        yield
+    finally:
+        set_language(before)
+
+
+def checked_language(lang: object, name: str = "lang") -> str:
+    """``lang`` if it is one of :data:`LANGUAGES`; else an error that names the argument ``name``."""
+    from .errors import ArgumentError, ArgumentTypeError  # errors' messages use tr: import late
+
+    if not isinstance(lang, str):
+        raise ArgumentTypeError(f"{name} must be a str, got {type(lang).__name__}")
+    if lang not in LANGUAGES:
+        raise ArgumentError(f"{name} must be one of {LANGUAGES}, got {lang!r}")
+    return lang
+
+
+def tr(msgid: str, /, *, lang: str | None = None, **fields: object) -> str:
+    """The message ``msgid`` in ``lang`` (default: :func:`get_language`), its ``{fields}`` filled in.
+
+    ``msgid`` is the English text. Fields are formatted with :meth:`str.format`, so
+    ``{ratio:.2f}`` works in both languages; with no fields the text is returned as is.
+    """
+    lang = _language if lang is None else checked_language(lang)
+    template = msgid if lang == "en" else catalog(lang).get(msgid, msgid)
+    return template.format(**fields) if fields else template
+
+
+@cache
+def catalog(lang: str) -> Mapping[str, str]:
+    """English message id -> its form in ``lang``, read once from :data:`CATALOG_FILES` (empty for English)."""
+    path = CATALOG_FILES.get(checked_language(lang))
+    if path is None or not path.exists():
+        return MappingProxyType({})
+    return MappingProxyType(read_po(path.read_text(encoding="utf-8")))
+
+
+def read_po(source: str) -> dict[str, str]:
+    """The translated messages of a gettext ``.po`` file: msgid -> msgstr (fuzzy and empty ones left out).
+
+    A reader of the few constructs our catalogs use (comments, flags, ``msgid`` and
+    ``msgstr`` over one or more quoted lines), so that the package needs no
+    gettext tooling at run time -- Colab has none.
+    """
+    messages: dict[str, str] = {}
+    entry: dict[str, list[str]] = {}
+    field = ""
+    fuzzy = False
+
+    def close() -> None:
+        nonlocal entry, fuzzy
+        msgid, msgstr = "".join(entry.get("msgid", [])), "".join(entry.get("msgstr", []))
+        if msgid and msgstr and not fuzzy:
+            messages[msgid] = msgstr
+        entry, fuzzy = {}, False
+
+    for line in source.splitlines():
+        line = line.strip()
+        if not line:
+            close()
+        elif line.startswith("#,"):
+            fuzzy = fuzzy or "fuzzy" in line
+        elif line.startswith("#"):
+            continue
+        elif line.startswith(("msgid ", "msgstr ")):
+            if line.startswith("msgid ") and "msgstr" in entry:
+                close()
+            field, _, quoted = line.partition(" ")
+            entry[field] = [ast.literal_eval(quoted)]
+        elif line.startswith('"'):
+            entry[field].append(ast.literal_eval(line))
+    close()
+    return messages
