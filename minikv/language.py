@@ -84,7 +84,7 @@ def checked_language(lang: object, name: str = "lang") -> str:
 def tr(msgid: str, /, *, lang: str | None = None, **fields: object) -> str:
     """The message ``msgid`` in ``lang`` (default: :func:`get_language`), its ``{fields}`` filled in.
 
-    ``msgid`` is the English text. Fields are formatted with :meth:`str.format`, so
+    ``msgid`` is the English text. Fields are formatted with ``str.format``, so
     ``{ratio:.2f}`` works in both languages; with no fields the text is returned as is.
     """
     lang = _language if lang is None else checked_language(lang)
