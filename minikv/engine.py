@@ -99,7 +99,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -116,6 +116,9 @@ from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
 from .radix_manager import RadixCacheManager
 from .scheduling import SchedulingPolicy, as_policy
+
+if TYPE_CHECKING:
+    from .mha_pool import StoreFunction
 
 
 class Status(enum.Enum):
@@ -714,6 +717,7 @@ def make_engine(
     policy: SchedulingPolicy | str = "fcfs",
     admission: AdmissionPolicy | str = "optimistic",
     prefill_budget: int | None = None,
+    store: StoreFunction | None = None,
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
@@ -723,10 +727,12 @@ def make_engine(
     ``policy`` orders the waiting queue (:func:`~minikv.scheduling.as_policy`: a policy or its name).
     ``admission`` keeps room for decode (:func:`~minikv.admission.as_admission`: a policy or its name).
     ``prefill_budget`` turns on chunked prefill (:class:`Engine`).
+    ``store`` writes K/V with a store function of your own, such as exercise 3's kernel, instead of
+    minikv's (:class:`~minikv.MHAKVCache`).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
-    from .mha_pool import MHAKVCache
+    from .mha_pool import MHAKVCache, as_store
 
     check_model(model)
     as_positive(num_pages, "num_pages")
@@ -737,6 +743,7 @@ def make_engine(
     policy = as_policy(policy)
     admission = as_admission(admission)
     as_prefill_budget(prefill_budget)
+    as_store(store)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
     if isinstance(manager, BaseCacheManager):
@@ -766,6 +773,7 @@ def make_engine(
         KVCacheLayout.LayerFirst,
         model.device,
         page_size,
+        store=store,
     )
     return engine_class(
         model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget
