@@ -110,6 +110,7 @@ from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .engine_stats import EngineStats, StatsRecorder
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError, StepLimitError
 from .integrity import tree_slots
+from .language import tr
 from .lifecycle import slots_to_free
 from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
@@ -118,6 +119,7 @@ from .radix_manager import RadixCacheManager
 from .scheduling import SchedulingPolicy, as_policy
 
 if TYPE_CHECKING:
+    from .lifecycle_engine import AdmitFunction, FinishFunction
     from .mha_pool import StoreFunction
 
 
@@ -718,6 +720,8 @@ def make_engine(
     admission: AdmissionPolicy | str = "optimistic",
     prefill_budget: int | None = None,
     store: StoreFunction | None = None,
+    admit: AdmitFunction | None = None,
+    finish: FinishFunction | None = None,
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
@@ -729,9 +733,13 @@ def make_engine(
     ``prefill_budget`` turns on chunked prefill (:class:`Engine`).
     ``store`` writes K/V with a store function of your own, such as exercise 3's kernel, instead of
     minikv's (:class:`~minikv.MHAKVCache`).
+    ``admit`` and ``finish`` admit and release requests with functions of your own, such as exercise 2's:
+    the engine is then a :class:`~minikv.lifecycle_engine.LifecycleEngine` (``engine_class`` must be
+    ``Engine``, which becomes ``LifecycleEngine``, or a subclass of it).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
+    from .lifecycle_engine import LifecycleEngine, as_lifecycle
     from .mha_pool import MHAKVCache, as_store
 
     check_model(model)
@@ -746,6 +754,15 @@ def make_engine(
     as_store(store)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
+    lifecycle: dict[str, Any] = {}
+    if admit is not None or finish is not None:
+        as_lifecycle(admit, finish)
+        engine_class = LifecycleEngine if engine_class is Engine else engine_class
+        if not issubclass(engine_class, LifecycleEngine):
+            raise ArgumentError(
+                tr("engine_class: admit and finish drive a LifecycleEngine, got {name}", name=engine_class.__name__)
+            )
+        lifecycle = {"admit": admit, "finish": finish}
     if isinstance(manager, BaseCacheManager):
         own_page_size = getattr(manager, "page_size", 1)
         if own_page_size != page_size:
@@ -776,8 +793,9 @@ def make_engine(
         store=store,
     )
     return engine_class(
-        model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget
-    )
+        model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget,
+        **lifecycle,
+    )  # fmt: skip
 
 
 def recompute(
