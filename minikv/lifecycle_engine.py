@@ -40,8 +40,7 @@ as they run: :meth:`~minikv.engine.Engine.check` finds a slot lost or held twice
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -55,11 +54,22 @@ from .page_pool import PagePool
 
 __all__ = ["AdmitFunction", "FinishFunction", "LifecycleEngine", "as_lifecycle", "lifecycle_admit", "lifecycle_finish"]
 
-AdmitFunction = Callable[[BaseCacheManager, PagePool, torch.Tensor], tuple[BaseCacheHandle, torch.Tensor]]
-"""``admit(manager, pool, input_ids) -> (handle, indices)``: match ``input_ids[:-1]``, lock, allocate."""
 
-FinishFunction = Callable[[BaseCacheManager, PagePool, torch.Tensor, BaseCacheHandle, torch.Tensor], int]
-"""``finish(manager, pool, input_ids, handle, indices) -> already_cached``: insert, free, unlock."""
+class AdmitFunction(Protocol):
+    """``admit(manager, pool, input_ids) -> (handle, indices)``: match ``input_ids[:-1]``, lock, allocate."""
+
+    def __call__(
+        self, manager: BaseCacheManager, pool: PagePool, input_ids: torch.Tensor, /
+    ) -> tuple[BaseCacheHandle, torch.Tensor]: ...
+
+
+class FinishFunction(Protocol):
+    """``finish(manager, pool, input_ids, handle, indices) -> already_cached``: insert, free, unlock."""
+
+    def __call__(
+        self, manager: BaseCacheManager, pool: PagePool, input_ids: torch.Tensor, handle: BaseCacheHandle,
+        indices: torch.Tensor, /,
+    ) -> int: ...  # fmt: skip
 
 
 def lifecycle_admit(

@@ -19,7 +19,7 @@ so a bad call is refused before ``fn`` sees it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -29,8 +29,16 @@ from .errors import ArgumentError, ArgumentTypeError, SlotIndexError
 from .kernels import SUPPORTED_DTYPES, as_device, check_slots, check_store_arguments, store_cache
 from .language import tr
 
-StoreFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-"""``store(k_cache, v_cache, indices, k, v) -> None``: write ``k[i]``, ``v[i]`` to slot ``indices[i]`` of one layer."""
+
+class StoreFunction(Protocol):
+    """``store(k_cache, v_cache, indices, k, v) -> None``: write ``k[i]``, ``v[i]`` to slot ``indices[i]`` of one layer.
+
+    Any function of that shape, such as exercise 3's ``store`` or ``store_torch``.
+    """
+
+    def __call__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /
+    ) -> None: ...
 
 
 def as_store(store: object) -> StoreFunction | None:
