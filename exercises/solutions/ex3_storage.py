@@ -298,9 +298,11 @@ check("storage.store", store)
 # [chapter 6](../book/06_forward_pass.ipynb) on such a cache. The next cell runs that
 # engine over the chapter's tiny model with your `store`: three requests, two of them
 # sharing a prefix, prefilled and then decoded token by token, every K and V row
-# written by your kernel and read back by attention. If the engine generates the tokens
-# of `recompute`, which uses no cache at all, your kernel put every row where attention
-# looks for it.
+# written by your kernel and read back by attention. If the engine generates the same
+# tokens as with minikv's kernel, and on the CPU the tokens of `recompute`, which uses
+# no cache at all, your kernel put every row where attention looks for it. (A GPU may
+# round batched and one-by-one matrix products apart, as chapter 6 notes, so there the
+# yardstick is minikv's kernel alone.)
 #
 # The cache checks each call before your function sees it (slots in range and none
 # twice, shapes, dtypes), as minikv's own path does. Without a GPU your kernel runs in
@@ -313,9 +315,11 @@ from minikv.tiny_model import TinyDecoder
 
 model = TinyDecoder(seed=0, device=device)
 prompts = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 9], [8, 8, 2]]  # the first two share 4 tokens
-expected = [recompute(model, prompt, 6) for prompt in prompts]
-minikvs = make_engine(model, num_pages=32, max_running=2).generate(prompts, 6)
-assert minikvs == expected  # minikv's own kernel
+minikvs = make_engine(model, num_pages=32, max_running=2).generate(prompts, 6)  # minikv's own kernel
+yardstick = "minikv's kernel"
+if device == "cpu":  # a GPU may round batched and one-by-one matmuls apart (chapter 6)
+    assert minikvs == [recompute(model, prompt, 6) for prompt in prompts]
+    yardstick += " and a recompute without any cache"
 
 yours = {"store (task 3.5)": globals().get("store"), "store_torch (task 3.4)": store_torch}
 for name, fn in yours.items():
@@ -331,7 +335,7 @@ for name, fn in yours.items():
     engine.check()
     assert outputs == minikvs, f"with your {name} the engine generated {outputs}; minikv's kernel gives {minikvs}"
     print(f"with your {name}, the engine generated {outputs}")
-    print("the same tokens as with minikv's kernel, and as a recompute without any cache")
+    print(f"the same tokens as {yardstick}")
     break
 else:
     print("write store_torch (task 3.4) or store (task 3.5) first, then run this cell again")
