@@ -141,6 +141,10 @@ def test_a_function_that_is_not_callable_is_refused_by_name(which: str, bad: obj
         make_engine(TinyDecoder(), num_pages=16, **{which: bad})  # type: ignore[arg-type]
     with pytest.raises(ArgumentTypeError, match=f"{which} must be None or a function"):
         as_lifecycle(**{"admit": None, "finish": None, which: bad})
+    built = make_engine(TinyDecoder(), num_pages=16)
+    with pytest.raises(ArgumentTypeError, match=f"{which} must be None or a function"):
+        LifecycleEngine(built.model, built.cache, built.pool, built.kv_cache, **{which: bad})
+    assert built.pool.num_free_slots == 16 and built.cache.size_info.total_size == 0
 
 
 def test_another_engine_class_is_refused_by_name() -> None:
