@@ -143,7 +143,7 @@ def test_a_function_that_is_not_callable_is_refused_by_name(which: str, bad: obj
         as_lifecycle(**{"admit": None, "finish": None, which: bad})
     built = make_engine(TinyDecoder(), num_pages=16)
     with pytest.raises(ArgumentTypeError, match=f"{which} must be None or a function"):
-        LifecycleEngine(built.model, built.cache, built.pool, built.kv_cache, **{which: bad})
+        LifecycleEngine(built.model, built.cache, built.pool, built.kv_cache, **{which: bad})  # type: ignore[arg-type]
     assert built.pool.num_free_slots == 16 and built.cache.size_info.total_size == 0
 
 
