@@ -58,7 +58,7 @@ class MHAKVCache(BaseKVCache):
     either way ``k_cache(layer)`` is a ``(num_pages, page_size, local_kv_heads, head_dim)``
     view, so attention and ``store_kv`` never need to know which layout was chosen.
 
-    ``store`` (None, or a :data:`~minikv.mha_pool.StoreFunction`) replaces minikv's store kernel in
+    ``store`` (None, or a :class:`~minikv.mha_pool.StoreFunction`) replaces minikv's store kernel in
     ``store_kv``: it is called as ``store(k_cache, v_cache, out_loc, k, v)`` with one
     layer's ``(num_pages, page_size, heads, head_dim)`` views, after every check the
     default path makes. The course passes the store kernel a learner wrote in exercise 3.
