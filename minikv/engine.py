@@ -99,7 +99,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -110,12 +110,17 @@ from .base import BaseCacheHandle, BaseCacheManager, BaseKVCache
 from .engine_stats import EngineStats, StatsRecorder
 from .errors import ArgumentError, ArgumentTypeError, IntegrityError, OutOfSlotsError, StepLimitError
 from .integrity import tree_slots
+from .language import tr
 from .lifecycle import slots_to_free
 from .models.base import PagedModel, check_cache_fits
 from .naive_manager import NaiveCacheManager
 from .page_pool import PagePool
 from .radix_manager import RadixCacheManager
 from .scheduling import SchedulingPolicy, as_policy
+
+if TYPE_CHECKING:
+    from .lifecycle_engine import AdmitFunction, FinishFunction
+    from .mha_pool import StoreFunction
 
 
 class Status(enum.Enum):
@@ -714,6 +719,9 @@ def make_engine(
     policy: SchedulingPolicy | str = "fcfs",
     admission: AdmissionPolicy | str = "optimistic",
     prefill_budget: int | None = None,
+    store: StoreFunction | None = None,
+    admit: AdmitFunction | None = None,
+    finish: FinishFunction | None = None,
 ) -> Engine:
     """An engine with a pool and K/V storage shaped for ``model``, around a cache manager.
 
@@ -723,10 +731,16 @@ def make_engine(
     ``policy`` orders the waiting queue (:func:`~minikv.scheduling.as_policy`: a policy or its name).
     ``admission`` keeps room for decode (:func:`~minikv.admission.as_admission`: a policy or its name).
     ``prefill_budget`` turns on chunked prefill (:class:`Engine`).
+    ``store`` writes K/V with a store function of your own, such as exercise 3's kernel, instead of
+    minikv's (:class:`~minikv.MHAKVCache`).
+    ``admit`` and ``finish`` admit and release requests with functions of your own, such as exercise 2's:
+    the engine is then a :class:`~minikv.lifecycle_engine.LifecycleEngine` (``engine_class`` must be
+    ``Engine``, which becomes ``LifecycleEngine``, or a subclass of it).
     Every argument is checked before anything is built.
     """
     from .base import KVCacheLayout
-    from .mha_pool import MHAKVCache
+    from .lifecycle_engine import LifecycleEngine, as_lifecycle
+    from .mha_pool import MHAKVCache, as_store
 
     check_model(model)
     as_positive(num_pages, "num_pages")
@@ -737,8 +751,18 @@ def make_engine(
     policy = as_policy(policy)
     admission = as_admission(admission)
     as_prefill_budget(prefill_budget)
+    as_store(store)
     if not (isinstance(engine_class, type) and issubclass(engine_class, Engine)):
         raise ArgumentTypeError(f"engine_class must be Engine or a subclass, got {engine_class!r}")
+    lifecycle: dict[str, Any] = {}
+    if admit is not None or finish is not None:
+        as_lifecycle(admit, finish)
+        engine_class = LifecycleEngine if engine_class is Engine else engine_class
+        if not issubclass(engine_class, LifecycleEngine):
+            raise ArgumentError(
+                tr("engine_class: admit and finish drive a LifecycleEngine, got {name}", name=engine_class.__name__)
+            )
+        lifecycle = {"admit": admit, "finish": finish}
     if isinstance(manager, BaseCacheManager):
         own_page_size = getattr(manager, "page_size", 1)
         if own_page_size != page_size:
@@ -766,10 +790,12 @@ def make_engine(
         KVCacheLayout.LayerFirst,
         model.device,
         page_size,
+        store=store,
     )
     return engine_class(
-        model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget
-    )
+        model, cache, pool, kv_cache, max_running, overlap, insert_after_prefill, policy, admission, prefill_budget,
+        **lifecycle,
+    )  # fmt: skip
 
 
 def recompute(

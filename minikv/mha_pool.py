@@ -10,16 +10,45 @@ no host-device transfer: the kernel checks each slot's range itself, writes noth
 a slot outside the cache and counts it; :meth:`MHAKVCache.check_stores` reads that count
 (one transfer) when the caller chooses, say once per step. The slots come from the page
 pool, which never hands out a slot twice, so on CUDA they are trusted to be distinct.
+
+``MHAKVCache(..., store=fn)`` writes through ``fn`` instead: the course plugs in the
+learner's own store kernel (exercise 3's ``store(k_cache, v_cache, indices, k, v)``), so
+the engine of chapter 6 runs on it. Every argument is still checked on the host first,
+so a bad call is refused before ``fn`` sees it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from ._validate import as_count, as_positive
 from .base import BaseKVCache, KVCacheLayout
 from .errors import ArgumentError, ArgumentTypeError, SlotIndexError
-from .kernels import SUPPORTED_DTYPES, as_device, store_cache
+from .kernels import SUPPORTED_DTYPES, as_device, check_slots, check_store_arguments, store_cache
+from .language import tr
+
+
+class StoreFunction(Protocol):
+    """``store(k_cache, v_cache, indices, k, v) -> None``: write ``k[i]``, ``v[i]`` to slot ``indices[i]`` of one layer.
+
+    Any function of that shape, such as exercise 3's ``store`` or ``store_torch``.
+    """
+
+    def __call__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /
+    ) -> None: ...
+
+
+def as_store(store: object) -> StoreFunction | None:
+    """None (minikv's kernel) or a callable ``store(k_cache, v_cache, indices, k, v)``; else refused by name."""
+    if store is not None and not callable(store):
+        raise ArgumentTypeError(
+            tr("store must be None or a function store(k_cache, v_cache, indices, k, v), got {type}",
+               type=type(store).__name__)
+        )  # fmt: skip
+    return store
 
 
 class MHAKVCache(BaseKVCache):
@@ -28,6 +57,11 @@ class MHAKVCache(BaseKVCache):
     ``kv_layout`` chooses what is adjacent in memory (see :class:`KVCacheLayout`);
     either way ``k_cache(layer)`` is a ``(num_pages, page_size, local_kv_heads, head_dim)``
     view, so attention and ``store_kv`` never need to know which layout was chosen.
+
+    ``store`` (None, or a :class:`~minikv.mha_pool.StoreFunction`) replaces minikv's store kernel in
+    ``store_kv``: it is called as ``store(k_cache, v_cache, out_loc, k, v)`` with one
+    layer's ``(num_pages, page_size, heads, head_dim)`` views, after every check the
+    default path makes. The course passes the store kernel a learner wrote in exercise 3.
     """
 
     def __init__(
@@ -42,7 +76,9 @@ class MHAKVCache(BaseKVCache):
         page_size: int = 1,
         tp_rank: int = 0,
         tp_size: int = 1,
+        store: StoreFunction | None = None,
     ) -> None:
+        store = as_store(store)
         num_kv_heads = as_positive(num_kv_heads, "num_kv_heads")
         self._num_layers = as_positive(num_layers, "num_layers")
         self.head_dim = as_positive(head_dim, "head_dim")
@@ -65,6 +101,8 @@ class MHAKVCache(BaseKVCache):
         self.num_kv_heads = num_kv_heads
         self.local_kv_heads = num_kv_heads // self.tp_size
         self.kv_layout = kv_layout
+        self.store = store
+        """The store function ``store_kv`` calls instead of minikv's kernel (None: minikv's own)."""
         L, P, S, H, D = self._num_layers, self.num_pages, self.page_size, self.local_kv_heads, self.head_dim
         if kv_layout is KVCacheLayout.LayerFirst:
             self._kv_buffer = torch.zeros((2, L, P, S, H, D), dtype=dtype, device=device)
@@ -110,8 +148,15 @@ class MHAKVCache(BaseKVCache):
 
         On CPU every slot is checked first (a bad call raises and writes nothing); on
         CUDA the kernel checks the range and :meth:`check_stores` reports what it refused.
+        With a ``store`` function, everything is checked on the host (one transfer on
+        CUDA) before it is called: it is someone else's kernel, trusted with valid calls only.
         """
         k_cache, v_cache = self._layer_views[self._layer(layer_id, "layer_id")]
+        if self.store is not None:
+            k_cache, v_cache, k, v = check_store_arguments(k_cache, v_cache, out_loc, k, v, index_name="out_loc")
+            check_slots(out_loc, self.num_slots, "out_loc")
+            self.store(k_cache, v_cache, out_loc, k, v)
+            return
         on_gpu = self._bad_slots.is_cuda
         store_cache(
             k_cache, v_cache, out_loc, k, v,

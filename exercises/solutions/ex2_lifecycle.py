@@ -239,6 +239,47 @@ def serve(manager, pool, input_ids, kv_cache, kv_fn) -> int:
 check("lifecycle.serve", serve)
 
 # %% [markdown]
+# ## Your lifecycle in the engine
+#
+# Your `admit` and `finish` are not a model of a server's bookkeeping: they can be a
+# server's bookkeeping. `make_engine(..., admit=admit, finish=finish)` builds the serving
+# engine of [chapter 6](../book/06_forward_pass.ipynb) (a `LifecycleEngine`) that calls
+# your `admit` to take a request in (match, lock, allocate) and your `finish` to give
+# its memory back (insert, free with your `slots_to_free`, unlock). The engine keeps the
+# rest: which request runs next, whether a request fits (it keeps room for the running
+# requests' next tokens before it calls your `admit`), the slots each decode step needs,
+# and preemption, which gives a request's memory back through your `finish` too.
+#
+# The next cell runs four requests that share prefixes on the chapter's tiny model, with
+# a pool too small to hold them all, once with one-token pages and once with pages of
+# four. After every step `engine.check()` accounts for every slot: free, in the tree, or
+# held by one running request. The requests must generate the tokens of `recompute`,
+# which uses no cache at all.
+
+# %%
+from minikv.engine import EngineRequest, make_engine, recompute
+from minikv.tiny_model import TinyDecoder
+
+model = TinyDecoder(seed=0)
+prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 11, 12], [1, 2, 3, 4, 20], [30, 31, 32]]
+expected = [recompute(model, prompt, 8) for prompt in prompts]
+for page_size in (1, 4):
+    engine = make_engine(model, num_pages=24 // page_size, page_size=page_size, max_running=3,
+                         admit=admit, finish=finish)  # fmt: skip
+    requests = [engine.submit(EngineRequest(prompt, 8)) for prompt in prompts]
+    try:
+        while engine.has_work():
+            engine.step()
+            engine.check()  # every slot free, in the tree, or held by one request
+    except NotImplementedError:
+        print("write slots_to_free (task 2.1), admit (task 2.2) and finish (task 2.3) first, then run this cell again")
+        break
+    outputs = [request.output for request in requests]
+    assert outputs == expected, f"page_size {page_size}: the engine generated {outputs}, a recompute gives {expected}"
+    print(f"page_size {page_size}: {engine.stats.preemptions} preemption(s), every slot accounted for "
+          "after every step, and the tokens of a recompute")  # fmt: skip
+
+# %% [markdown]
 # ## What you have shown
 #
 # The order of the steps is what keeps the cache correct. Lock before you allocate, or

@@ -289,6 +289,58 @@ def store(k_cache, v_cache, indices, k, v) -> None:
 check("storage.store", store)
 
 # %% [markdown]
+# ## Your kernel in the model
+#
+# Your store kernel is not an exercise on the side: it is the function the model calls
+# in every layer, at every step, to write the new tokens' K and V. `MHAKVCache(...,
+# store=fn)` makes the cache write through `fn` instead of minikv's kernel, and
+# `make_engine(..., store=fn)` builds the serving engine of
+# [chapter 6](../book/06_forward_pass.ipynb) on such a cache. The next cell runs that
+# engine over the chapter's tiny model with your `store`: three requests, two of them
+# sharing a prefix, prefilled and then decoded token by token, every K and V row
+# written by your kernel and read back by attention. If the engine generates the same
+# tokens as with minikv's kernel, and on the CPU the tokens of `recompute`, which uses
+# no cache at all, your kernel put every row where attention looks for it. (A GPU may
+# round batched and one-by-one matrix products apart, as chapter 6 notes, so there the
+# yardstick is minikv's kernel alone.)
+#
+# The cache checks each call before your function sees it (slots in range and none
+# twice, shapes, dtypes), as minikv's own path does. Without a GPU your kernel runs in
+# Triton's interpreter, so the requests are short. If your `store` is not written yet,
+# or Triton is not available here, the cell runs your `store_torch` instead, and says so.
+
+# %%
+from minikv.engine import make_engine, recompute
+from minikv.tiny_model import TinyDecoder
+
+model = TinyDecoder(seed=0, device=device)
+prompts = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 9], [8, 8, 2]]  # the first two share 4 tokens
+minikvs = make_engine(model, num_pages=32, max_running=2).generate(prompts, 6)  # minikv's own kernel
+yardstick = "minikv's kernel"
+if device == "cpu":  # a GPU may round batched and one-by-one matmuls apart (chapter 6)
+    assert minikvs == [recompute(model, prompt, 6) for prompt in prompts]
+    yardstick += " and a recompute without any cache"
+
+yours = {"store (task 3.5)": globals().get("store"), "store_torch (task 3.4)": store_torch}
+for name, fn in yours.items():
+    if fn is None:
+        print(f"{name}: not defined here (no Triton), so not tried")
+        continue
+    engine = make_engine(model, num_pages=32, max_running=2, store=fn)
+    try:
+        outputs = engine.generate(prompts, 6)
+    except NotImplementedError:
+        print(f"{name}: not written yet")
+        continue
+    engine.check()
+    assert outputs == minikvs, f"with your {name} the engine generated {outputs}; minikv's kernel gives {minikvs}"
+    print(f"with your {name}, the engine generated {outputs}")
+    print(f"the same tokens as {yardstick}")
+    break
+else:
+    print("write store_torch (task 3.4) or store (task 3.5) first, then run this cell again")
+
+# %% [markdown]
 # ## What you have shown
 #
 # The kernel is one line of arithmetic, `cache[slot[t]] = src[t]`, and the rest is
