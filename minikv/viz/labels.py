@@ -313,7 +313,7 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "overlap.kind.mixed": Label("prefill + decode", "预填充 + 解码"),
         "overlap.launch": Label("launch", "启动"),
         "overlap.collect": Label("collect results", "取回结果"),
-        "overlap.release": Label("release (request uid)", "释放（请求 uid）"),
+        "overlap.release": Label("release (request number)", "释放（请求编号）"),
         "overlap.hazard": Label("released while in flight", "仍在途时就被释放"),
         "overlap.preempt": Label("preemption", "抢占"),
         "overlap.planned_tip": Label(
