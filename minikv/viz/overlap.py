@@ -33,6 +33,7 @@ from xml.sax.saxutils import escape
 from ..engine import Batch, Engine, EngineRequest
 from ..engine_stats import _bind
 from ..errors import ArgumentError, ArgumentTypeError
+from ..language import tr
 from .labels import text
 from .timeline import COLOURS as _TIMELINE_COLOURS
 
@@ -152,9 +153,9 @@ def record_overlap(engine: Engine) -> OverlapRecording:
     engine's methods (see the module docstring) and never changes what the engine does.
     """
     if not isinstance(engine, Engine):
-        raise ArgumentTypeError(f"engine must be a minikv.engine.Engine, got {type(engine).__name__}")
+        raise ArgumentTypeError(tr("engine must be a minikv.engine.Engine, got {name}", name=type(engine).__name__))
     if engine.has_work() or engine.finished or engine.stats.steps:
-        raise ArgumentError("engine: start recording the overlap before the first submit (a fresh engine)")
+        raise ArgumentError(tr("engine: start recording the overlap before the first submit (a fresh engine)"))
     recording = OverlapRecording(engine.overlap)
     requests: dict[int, EngineRequest] = {}
     launched: list[tuple[Batch, int]] = []  # batches not collected yet (kept alive: identity is their key)
@@ -257,9 +258,9 @@ def draw_overlap(recording: OverlapRecording, *, title: str | None = None) -> Ov
     to one line saying which loop ran.
     """
     if not isinstance(recording, OverlapRecording):
-        raise ArgumentTypeError(f"recording must be an OverlapRecording, got {type(recording).__name__}")
+        raise ArgumentTypeError(tr("recording must be an OverlapRecording, got {name}", name=type(recording).__name__))
     if title is not None and not isinstance(title, str):
-        raise ArgumentTypeError(f"title must be a str or None, got {type(title).__name__}")
+        raise ArgumentTypeError(tr("title must be a str or None, got {name}", name=type(title).__name__))
     if title is None:
         title = text("overlap.title_on" if recording.overlap else "overlap.title_off")
     summary = f"overlap={recording.overlap}, {len(recording.batches)} batches over {len(recording.steps)} steps"
