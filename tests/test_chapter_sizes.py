@@ -35,7 +35,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "book/03_store_kernel.ipynb": (15, 1000),  # the second page of chapter 3
     "book/04_naive.ipynb": (38, 1625),  # challenge 15 measured (Course 3.0)
     "book/05_radix.ipynb": (60, 3000),
-    "book/06_forward_pass.ipynb": (33, 2320),  # + a timeline of preemption (Course 3.0)
+    "book/06_forward_pass.ipynb": (34, 2340),  # + timelines of preemption and of the overlap loop (Course 3.0)
     "book/07_real_model.ipynb": (24, 1500),
     "book/08_scheduler.ipynb": (60, 3000),
     "book/09_bridge.ipynb": (20, 1300),

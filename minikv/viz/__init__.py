@@ -26,6 +26,12 @@ Draw a serving run, one row per request (waiting, prefill chunks, decode, preemp
     engine.generate(prompts, 8)
     timeline                                    # shown as SVG in a notebook; timeline.svg() is the text
 
+Draw the overlap loop: what the CPU plans while the device runs, and when memory is released::
+
+    recording = record_overlap(engine)          # engine = make_engine(..., overlap=True), fresh
+    engine.generate(prompts, 3)
+    draw_overlap(recording)                     # lanes "CPU: schedule", "device: run", "memory: release"
+
 Draw in Chinese (the labels, legends, captions and buttons; token words stay as they are)::
 
     from minikv.viz import set_language
@@ -34,6 +40,7 @@ Draw in Chinese (the labels, legends, captions and buttons; token words stay as 
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
 :mod:`~minikv.viz.timeline` (a serving run, one row per request),
+:mod:`~minikv.viz.overlap` (the overlap loop over time),
 :mod:`~minikv.viz.plots` (lifecycle, sizes, hit rate),
 :mod:`~minikv.viz.scheduler` (requests over steps, measures side by side, the slot
 table a kernel walks), :mod:`~minikv.viz.storage` (storage-layer pictures) and
@@ -46,6 +53,7 @@ from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_
 from . import storage
 from .engine import EngineDrawing, draw_engine
 from .labels import get_language, set_language
+from .overlap import OverlapDrawing, OverlapRecording, OverlapStep, draw_overlap, record_overlap
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_recomputed, plot_sizes
 from .recorder import Frame, TreeRecorder
@@ -60,6 +68,9 @@ __all__ = [
     "FramePlayer",
     "GraphvizMissingError",
     "NodeView",
+    "OverlapDrawing",
+    "OverlapRecording",
+    "OverlapStep",
     "PlayerFrame",
     "SlotOwnership",
     "Timeline",
@@ -73,6 +84,7 @@ __all__ = [
     "diff_snapshots",
     "get_language",
     "draw_engine",
+    "draw_overlap",
     "draw_pool",
     "draw_slot_table",
     "draw_snapshot",
@@ -86,6 +98,7 @@ __all__ = [
     "plot_request_states",
     "plot_recomputed",
     "plot_sizes",
+    "record_overlap",
     "record_timeline",
     "render_svg",
     "set_language",

@@ -79,10 +79,10 @@ _NUMBER_FIELDS = frozenset(
     {"n", "count", "total", "cached", "protected", "evictable", "free", "ref", "t", "page_size", "slot", "page",
      "row", "layer", "rank", "first", "last", "start", "stop", "size_bytes", "heads", "local", "tp_size",
      "num_heads", "waiting", "running", "finished", "steps", "prefill", "decode", "rows", "max_running", "layers",
-     "pages", "slots_per_page", "dims", "query_heads", "kv_heads"}
+     "pages", "slots_per_page", "dims", "query_heads", "kv_heads", "batch", "step", "uid"}
 )  # fmt: skip
 _LITERAL_FIELDS = frozenset(
-    {"words", "error", "value", "label", "sign", "slots_text", "name", "size", "kind", "shape", "strides"}
+    {"words", "error", "value", "label", "sign", "slots_text", "name", "size", "kind", "shape", "strides", "uids"}
 )
 _OPTIONAL_FIELDS = frozenset({"track"})
 """Fields translated when they are a label and kept as they are when not (``k_cache(1)`` is code)."""
@@ -294,6 +294,45 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         ),
         "storage.runs": Label("{track}: {count} run", "{track}：{count} 段", "{track}: {count} runs"),
         "storage.page_track": Label("page {page}, K, all layers", "第 {page} 页，K，所有层"),
+        # -- the overlap loop over time (overlap.py) ------------------------------------------------------
+        "overlap.title_on": Label(
+            "overlap=True: the CPU plans batch N+1 while the device runs batch N",
+            "overlap=True：设备运行批次 N 时，CPU 规划批次 N+1",
+        ),
+        "overlap.title_off": Label(
+            "overlap=False: each batch runs before the next one is planned",
+            "overlap=False：每个批次运行完，才规划下一个批次",
+        ),
+        "overlap.cpu": Label("CPU: schedule", "CPU：调度"),
+        "overlap.device": Label("device: run", "设备：运行"),
+        "overlap.memory": Label("memory: release", "内存：释放"),
+        "overlap.batch": Label("batch {batch}", "批次 {batch}"),
+        "overlap.step": Label("step", "步"),
+        "overlap.kind.prefill": Label("prefill", "预填充"),
+        "overlap.kind.decode": Label("decode", "解码"),
+        "overlap.kind.mixed": Label("prefill + decode", "预填充 + 解码"),
+        "overlap.launch": Label("launch", "启动"),
+        "overlap.collect": Label("collect results", "取回结果"),
+        "overlap.release": Label("release (request number)", "释放（请求编号）"),
+        "overlap.hazard": Label("released while in flight", "仍在途时就被释放"),
+        "overlap.preempt": Label("preemption", "抢占"),
+        "overlap.planned_tip": Label(
+            "batch {batch} ({work}) planned in step {step}: requests {uids}",
+            "第 {step} 步规划批次 {batch}（{work}）：请求 {uids}",
+        ),
+        "overlap.run_tip": Label(
+            "batch {batch} ({work}) in flight from step {first} to step {last}: requests {uids}",
+            "批次 {batch}（{work}）从第 {first} 步到第 {last} 步在途：请求 {uids}",
+        ),
+        "overlap.collect_tip": Label(
+            "results of batch {batch} collected in step {step}", "第 {step} 步取回批次 {batch} 的结果"
+        ),
+        "overlap.release_tip": Label("request {uid} released in step {step}", "第 {step} 步释放请求 {uid}"),
+        "overlap.hazard_tip": Label(
+            "request {uid} released in step {step} while batch {batch}, which reads its row, is in flight",
+            "第 {step} 步释放请求 {uid}，而读取它那一行的批次 {batch} 仍在途",
+        ),
+        "overlap.preempt_tip": Label("request {uid} preempted in step {step}", "第 {step} 步抢占请求 {uid}"),
     }
 )
 """Key -> :class:`Label`. Keys are grouped by the module that draws them."""
