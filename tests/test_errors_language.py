@@ -118,6 +118,17 @@ def slot_held_twice() -> None:
     cache.check_integrity()
 
 
+def parent_link_broken() -> None:
+    cache = tree()
+    leaf = next(node for node in cache.nodes() if node.is_leaf())
+    leaf.parent = cache.root_node
+    cache.check_integrity()
+
+
+def free_outside_the_pool() -> None:
+    PagePool(16).free([16])
+
+
 def heads_not_divisible() -> None:
     MHAKVCache(
         num_kv_heads=6, num_layers=1, head_dim=4, num_pages=1, dtype=torch.bfloat16,
@@ -169,6 +180,8 @@ CASES: list[tuple[Callable[[], None], type[MiniKVError], str, str, str]] = [
         "each rank stores a whole number of heads",
         "每个 rank 存放整数个头",
     ),
+    (parent_link_broken, IntegrityError, "parent link", "but its parent is RadixTreeNode(root)", "但它的父节点是"),
+    (free_outside_the_pool, SlotIndexError, "slots", "slot 16 is outside [0, 16)", "槽位 16 不在 [0, 16) 之内"),
     (store_outside, SlotIndexError, "indices", "slot 16 is outside [0, 16)", "槽位 16 不在 [0, 16) 之内"),
     (store_twice_in_one_slot, ArgumentError, "out_loc", "must be unique: two tokens cannot share one slot", "不能共用"),
 ]
