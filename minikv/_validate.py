@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, MiniKVError, SlotIndexError
+from .language import tr
 
 Choice = TypeVar("Choice")
 
@@ -168,7 +169,9 @@ def as_slot_array(
         raise DeviceMismatchError(f"{name} is on {value.device}, expected {device}")  # type: ignore[union-attr]
     array = as_integer_array(value, name, "a slot index", ArgumentError if below is None else SlotIndexError)
     if length is not None and len(array) != length:
-        raise ArgumentError(f"input_ids has {length} tokens but {name} has {len(array)} slots")
+        raise ArgumentError(
+            tr("input_ids has {length} tokens but {name} has {slots} slots", length=length, name=name, slots=len(array))
+        )
     if array.size == 0:
         return array.astype(INT32, copy=False)
     if below is not None:
@@ -187,7 +190,7 @@ def check_slot_range(slots: np.ndarray, below: int, name: str) -> None:
     """Every slot in ``[0, below)``, or a :class:`~minikv.errors.SlotIndexError` naming the first outside."""
     if int(np.minimum.reduce(slots)) < 0 or int(np.maximum.reduce(slots)) >= below:
         bad = slots[(slots < 0) | (slots >= below)][0]
-        raise SlotIndexError(f"{name}: slot {int(bad)} is outside [0, {below})")
+        raise SlotIndexError(tr("{name}: slot {slot} is outside [0, {below})", name=name, slot=int(bad), below=below))
 
 
 def check_new_slots(slots: np.ndarray, held: np.ndarray, page_size: int, name: str = "indices") -> None:
@@ -203,7 +206,13 @@ def check_new_slots(slots: np.ndarray, held: np.ndarray, page_size: int, name: s
         taken = slots < len(held)
         taken[taken] = held[slots[taken]]
     if np.count_nonzero(taken):
-        raise ArgumentError(f"{name}: slot {int(slots[taken][0])} is already held by another node of the tree")
+        raise ArgumentError(
+            tr(
+                "{name}: slot {slot} is already held by another node of the tree",
+                name=name,
+                slot=int(slots[taken][0]),
+            )
+        )
     if page_size > 1:
         firsts = slots[::page_size]
         whole_pages = (firsts[:, None] + np.arange(page_size, dtype=INT32)).reshape(-1)

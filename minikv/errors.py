@@ -9,6 +9,8 @@ Messages always name the argument and say what is wrong with it.
 
 from __future__ import annotations
 
+from .language import tr
+
 
 class MiniKVError(Exception):
     """Base class of every error raised by minikv."""
@@ -88,5 +90,9 @@ class IntegrityError(MiniKVError, RuntimeError):
     def __init__(self, invariant: str, detail: str, node: object | None = None) -> None:
         self.invariant = invariant
         self.node = node
-        where = f" at {node!r}" if node is not None else ""
-        super().__init__(f"[{invariant}]{where}: {detail}")
+        if node is None:
+            super().__init__(tr("[{invariant}]: {detail}", invariant=invariant, detail=detail))
+        else:
+            super().__init__(
+                tr("[{invariant}] at {node}: {detail}", invariant=invariant, node=repr(node), detail=detail)
+            )

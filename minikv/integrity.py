@@ -31,6 +31,7 @@ import torch
 from . import radix_manager as radix
 from ._validate import INT64
 from .errors import IntegrityError
+from .language import tr
 
 if TYPE_CHECKING:
     from .radix_manager import ChildKey, RadixCacheManager, RadixTreeNode
@@ -139,7 +140,15 @@ def check_node_fields(cache: RadixCacheManager, node: object, parent: RadixTreeN
 def check_parent_link(cache: RadixCacheManager, node: RadixTreeNode, parent: RadixTreeNode, key: ChildKey) -> None:
     """A child points back at the parent that lists it, under the key its own tokens start with."""
     if node.parent is not parent:
-        raise IntegrityError("parent link", f"listed under {parent!r} but its parent is {node.parent!r}", node)
+        raise IntegrityError(
+            "parent link",
+            tr(
+                "listed under {parent} but its parent is {its_parent}",
+                parent=repr(parent),
+                its_parent=repr(node.parent),
+            ),
+            node,
+        )
     if radix.child_key(node.key, cache.page_size) != key:
         starts = radix.child_key(node.key, cache.page_size)
         raise IntegrityError("child key", f"filed under {key!r}, but its key starts {starts!r}", node)
@@ -179,7 +188,11 @@ def check_lock_counts(node: RadixTreeNode) -> None:
     """A lock covers the path to the root: ``ref_count`` is the node's own locks plus its children's ``ref_count``."""
     below = sum(child.ref_count for child in node.children.values())
     if below > node.ref_count:
-        raise IntegrityError("lock covers path", f"ref_count {node.ref_count} < its children's {below}", node)
+        raise IntegrityError(
+            "lock covers path",
+            tr("ref_count {ref_count} < its children's {below}", ref_count=node.ref_count, below=below),
+            node,
+        )
     if node.ref_count != node._own_locks + below:
         raise IntegrityError(
             "lock accounting", f"ref_count {node.ref_count}, but {node._own_locks} own locks + {below} from below", node
@@ -193,9 +206,15 @@ def check_sizes(cache: RadixCacheManager, nodes: list[RadixTreeNode]) -> None:
     if len(nodes) != cache.num_nodes:
         raise IntegrityError("node count", f"counter says {cache.num_nodes} nodes, the tree has {len(nodes)}")
     if evictable != cache.evictable_size:
-        raise IntegrityError("evictable_size", f"counter is {cache.evictable_size}, unlocked nodes hold {evictable}")
+        raise IntegrityError(
+            "evictable_size",
+            tr("counter is {counter}, unlocked nodes hold {held}", counter=cache.evictable_size, held=evictable),
+        )
     if protected != cache.protected_size:
-        raise IntegrityError("protected_size", f"counter is {cache.protected_size}, locked nodes hold {protected}")
+        raise IntegrityError(
+            "protected_size",
+            tr("counter is {counter}, locked nodes hold {held}", counter=cache.protected_size, held=protected),
+        )
 
 
 def check_slots_disjoint(cache: RadixCacheManager, nodes: list[RadixTreeNode]) -> None:
@@ -205,7 +224,9 @@ def check_slots_disjoint(cache: RadixCacheManager, nodes: list[RadixTreeNode]) -
     if len(counts) and int(counts.max()) > 1:
         dup = int(torch.argmax(counts))
         owners = [n for n in nodes if bool((n.value == dup).any())]
-        raise IntegrityError("slot held twice", f"slot {dup} is held by {len(owners)} nodes", owners[0])
+        raise IntegrityError(
+            "slot held twice", tr("slot {slot} is held by {n} nodes", slot=dup, n=len(owners)), owners[0]
+        )
     recorded = np.flatnonzero(cache.held_slot_mask())
     if recorded.tobytes() != torch.sort(slots).values.numpy().astype(recorded.dtype).tobytes():
         raise IntegrityError("held slots", "the record of held slots differs from the slots the nodes hold")

@@ -90,8 +90,12 @@ class MHAKVCache(BaseKVCache):
             raise ArgumentError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank}")
         if num_kv_heads % self.tp_size:
             raise ArgumentError(
-                f"num_kv_heads ({num_kv_heads}) must be divisible by tp_size ({self.tp_size}): "
-                "each rank stores a whole number of heads"
+                tr(
+                    "num_kv_heads ({num_kv_heads}) must be divisible by tp_size ({tp_size}): "
+                    "each rank stores a whole number of heads",
+                    num_kv_heads=num_kv_heads,
+                    tp_size=self.tp_size,
+                )
             )
         if dtype not in SUPPORTED_DTYPES:
             raise ArgumentTypeError(f"dtype must be one of float32/float16/bfloat16, got {dtype}")

@@ -14,6 +14,7 @@ import torch
 from ._validate import as_count, as_device, as_slot_array, as_token_ids
 from .base import BaseCacheHandle, BaseCacheManager, SizeInfo, TokenIds
 from .errors import ArgumentTypeError, EvictionUnsupportedError
+from .language import tr
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,10 @@ class NaiveCacheManager(BaseCacheManager):
         if as_count(size, "size") == 0:
             return self._no_slots()
         raise EvictionUnsupportedError(
-            f"size: asked to evict {size} slots, but NaiveCacheManager caches nothing, so it has nothing to evict"
+            tr(
+                "size: asked to evict {size} slots, but NaiveCacheManager caches nothing, so it has nothing to evict",
+                size=size,
+            )
         )
 
     def reset(self) -> torch.Tensor:

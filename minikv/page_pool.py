@@ -13,6 +13,7 @@ import torch
 from ._validate import IntegerSequence, as_count, as_device, as_positive, as_slot_array
 from .base import BaseCacheManager
 from .errors import ArgumentError, ArgumentTypeError, DoubleFreeError, OutOfSlotsError
+from .language import tr
 
 
 class PagePool:
@@ -90,9 +91,16 @@ class PagePool:
             evictable = evict_from.size_info.evictable_size if evict_from is not None else 0
             if evict_from is None or evictable < shortfall:
                 raise OutOfSlotsError(
-                    f"num_tokens: {num_tokens} tokens need {needed * self.page_size} slots in pages of "
-                    f"{self.page_size}; {self._num_free * self.page_size} slots are free and {evictable} "
-                    f"are evictable, {shortfall - evictable} short"
+                    tr(
+                        "num_tokens: {num_tokens} tokens need {needed} slots in pages of {page_size}; "
+                        "{free} slots are free and {evictable} are evictable, {short} short",
+                        num_tokens=num_tokens,
+                        needed=needed * self.page_size,
+                        page_size=self.page_size,
+                        free=self._num_free * self.page_size,
+                        evictable=evictable,
+                        short=shortfall - evictable,
+                    )
                 )
             self._check_holds_only_used_pages(evict_from)
             evicted = evict_from.evict(shortfall)

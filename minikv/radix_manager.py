@@ -56,6 +56,7 @@ from .errors import (
     LockError,
     StaleHandleError,
 )
+from .language import tr
 
 ChildKey = int | tuple[int, ...]
 
@@ -323,7 +324,7 @@ class RadixCacheManager(BaseCacheManager):
         node = path[0]
         if unlock:
             if node._own_locks <= 0:
-                raise LockError(f"handle: cannot unlock, {node!r} holds no lock of its own")
+                raise LockError(tr("handle: cannot unlock, {node} holds no lock of its own", node=repr(node)))
             node._own_locks -= 1
             for n in path:
                 n.ref_count -= 1
@@ -343,7 +344,13 @@ class RadixCacheManager(BaseCacheManager):
     def evict(self, size: int) -> torch.Tensor:
         size = as_count(size, "size")
         if size > self.evictable_size:
-            raise EvictionError(f"size: asked to evict {size} slots but only {self.evictable_size} are evictable")
+            raise EvictionError(
+                tr(
+                    "size: asked to evict {size} slots but only {evictable} are evictable",
+                    size=size,
+                    evictable=self.evictable_size,
+                )
+            )
         evicted: list[torch.Tensor] = []
         evicted_size = 0
         while evicted_size < size:
@@ -369,7 +376,9 @@ class RadixCacheManager(BaseCacheManager):
 
     def reset(self) -> torch.Tensor:
         if self.protected_size:
-            raise LockError(f"reset: {self.protected_size} slots are locked; unlock every handle first")
+            raise LockError(
+                tr("reset: {locked} slots are locked; unlock every handle first", locked=self.protected_size)
+            )
         held = [n.value for n in self.nodes()]
         for top in self.root_node.children.values():
             top.parent = None  # every handle into the old tree is now stale
@@ -394,15 +403,18 @@ class RadixCacheManager(BaseCacheManager):
     def path_of(self, handle: BaseCacheHandle) -> list[RadixTreeNode]:
         """The handle's node and its ancestors, root excluded; refuses a handle whose node left this tree."""
         if not isinstance(handle, RadixCacheHandle):
-            raise ArgumentTypeError(f"handle must be a RadixCacheHandle, got {type(handle).__name__}")
+            raise ArgumentTypeError(tr("handle must be a RadixCacheHandle, got {type}", type=type(handle).__name__))
         node = handle.node
         path = []
         while node.parent is not None:
             path.append(node)
             node = node.parent
         if node is not self.root_node:
-            why = "was evicted or reset away" if node.length else "belongs to another manager's tree"
-            raise StaleHandleError(f"handle: its node {handle.node!r} {why}")
+            if node.length:
+                raise StaleHandleError(tr("handle: its node {node} was evicted or reset away", node=repr(handle.node)))
+            raise StaleHandleError(
+                tr("handle: its node {node} belongs to another manager's tree", node=repr(handle.node))
+            )
         return path
 
     def evictable_leaves(self) -> list[RadixTreeNode]:

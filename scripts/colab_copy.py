@@ -16,8 +16,9 @@ edition's own translations) and its code comments from ``locale/zh_CN/code_comme
 (``scripts/colab_zh.py`` does both; ``--extract-comments`` updates the comment catalog after a code
 change). A block or comment with no translation is named, makes the script exit 1 (the copy keeps
 its English) and fails ``--check``: run ``scripts/i18n.py extract`` and translate, or
-``--extract-comments`` and translate the comment, then regenerate. Where ``minikv.viz`` offers
-``set_language``, a zh copy's second cell turns the drawings' Chinese on.
+``--extract-comments`` and translate the comment, then regenerate. Where ``minikv`` offers
+``set_language``, a zh copy's second cell turns its Chinese on: the one setting the drawings, the
+exercise checker's reports and the errors a chapter prints all follow.
 
 What changes, in markdown cells only (code cells are the same, the copies carry no outputs):
 
@@ -74,7 +75,7 @@ ZH_ADMONITION_TITLES = {
 }  # fmt: skip
 LANGUAGES = ("en", colab_zh.LANGUAGE)
 ZH_SETUP_ID = "zh-setup"
-ZH_SETUP = 'import minikv.viz\n\nminikv.viz.set_language("zh")  # 图示、播放器和图表中的文字用中文'
+ZH_SETUP = 'import minikv\n\nminikv.set_language("zh")  # 图示、练习检查报告和错误信息都用中文'
 
 
 class MarkupError(Exception):
@@ -182,7 +183,7 @@ class Converter:
             cells.append(new)
             if zh and cell["cell_type"] == "code" and first_code:
                 first_code = False
-                if viz_speaks_chinese(self.root):  # after the install cell: the drawings in Chinese
+                if minikv_speaks_chinese(self.root):  # after the install cell: minikv speaks Chinese
                     cells.append(
                         {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
                          "source": _lines(ZH_SETUP), "id": ZH_SETUP_ID}
@@ -374,11 +375,11 @@ def colab_path(path: str, lang: str = "en") -> str:
     return set_repository.colab_copy(path, lang)
 
 
-def viz_speaks_chinese(root: Path = REPO) -> bool:
-    """Whether ``minikv.viz`` offers ``set_language`` (read from its source: no torch import here)."""
+def minikv_speaks_chinese(root: Path = REPO) -> bool:
+    """Whether ``minikv`` offers ``set_language`` (read from its source: no torch import here)."""
     import ast
 
-    init = root / "minikv" / "viz" / "__init__.py"
+    init = root / "minikv" / "__init__.py"
     if not init.is_file():
         return False
     tree = ast.parse(init.read_text(encoding="utf-8"))

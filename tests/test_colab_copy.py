@@ -110,15 +110,20 @@ def test_the_chinese_copy_runs_the_english_code_and_reads_in_chinese(page: str) 
     assert folded == sum(text.count(":class: dropdown") for text in markdown_cells(source))
 
 
-def test_the_chinese_copies_turn_the_drawings_chinese_only_where_minikv_can() -> None:
-    """The setup line is there exactly when minikv.viz offers set_language (no stub, no dead call)."""
-    import minikv.viz
+def test_the_chinese_copies_turn_minikvs_chinese_on_only_where_minikv_can() -> None:
+    """The setup line is there exactly when minikv offers set_language (no stub, no dead call), and it
+    is minikv's one setting (drawings, checker reports, errors), not the drawings' alone."""
+    import minikv
 
-    can = hasattr(minikv.viz, "set_language")
-    assert colab_copy.viz_speaks_chinese(REPO) == can
+    can = hasattr(minikv, "set_language")
+    assert colab_copy.minikv_speaks_chinese(REPO) == can
     for page in ("book/05_radix.ipynb", "exercises/ex5_radix.ipynb"):
         setup = [c for c in read(colab_copy.colab_path(page, "zh"))["cells"] if c.get("id") == colab_copy.ZH_SETUP_ID]
         assert len(setup) == int(can), page
+        for cell in setup:
+            code = "".join(cell["source"])
+            assert "import minikv\n" in code and 'minikv.set_language("zh")' in code, code
+            assert "minikv.viz" not in code, code
 
 
 @pytest.mark.parametrize("page", pages())

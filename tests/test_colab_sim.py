@@ -67,6 +67,7 @@ from nbclient import NotebookClient
 nb = nbformat.read(sys.argv[1], as_version=4)
 start = time.monotonic()
 NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
+nbformat.write(nb, sys.argv[1])  # the run's own copy: its outputs are read back (what a zh copy prints)
 print(f"ran {len(nb.cells)} cells in {time.monotonic() - start:.1f} s")
 """
 
@@ -75,6 +76,10 @@ print(f"ran {len(nb.cells)} cells in {time.monotonic() - start:.1f} s")
 # chapter and an exercise with many comments and the checker (tests/test_colab_copy.py checks that
 # every zh copy's code is the English code, token for token).
 ZH_SAMPLE = ("book/05_radix.ipynb", "exercises/ex5_radix.ipynb")
+# What minikv says to a reader in a notebook's outputs: a checker's verdict (``✗ radix.match_len: ...``)
+# or an error a chapter prints (``EvictionError: size: ...``). In a zh copy each must be Chinese.
+SAID_TO_A_READER = re.compile(r"^\s*[✓✗] [a-z_]+\.[a-z_]+[:：]|\b[A-Z][A-Za-z]*Error: \S")
+CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def install_commands() -> dict[str, str]:
@@ -279,15 +284,16 @@ def _one_cell_notebook(source: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results(colab: Colab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[float, str]]:
-    """``{copy: (seconds, failure or "")}``: every notebook Colab opens, run from an empty folder, in parallel."""
+def results(colab: Colab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[float, str, str]]:
+    """``{copy: (seconds, failure or "", what it printed)}``: every notebook Colab opens, run from an empty
+    folder, in parallel."""
     # The real-model notebooks (SmolLM2 on a CPU: minutes) start first, so the others fill the other workers.
     notebooks = sorted(install_commands().items(), key=lambda item: ("minikv[models]" not in item[1], item[0]))
     notebooks = [path for path, _cell in notebooks]
     jobs = int(os.environ.get("MINIKV_COLAB_JOBS") or max(2, (os.cpu_count() or 2) // 2))
     base = tmp_path_factory.mktemp("notebooks")
 
-    def one(path: str) -> tuple[str, float, str]:
+    def one(path: str) -> tuple[str, float, str, str]:
         folder = base / path.replace("/", "__").removesuffix(".ipynb")
         folder.mkdir()
         copy = folder / Path(path).name
@@ -295,19 +301,33 @@ def results(colab: Colab, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         start = time.monotonic()
         done = colab.execute(copy, folder)
         failure = "" if done.returncode == 0 else f"{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
-        return path, time.monotonic() - start, failure
+        return path, time.monotonic() - start, failure, printed(copy)
 
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        found = {path: (seconds, failure) for path, seconds, failure in pool.map(one, notebooks)}
+        found = {path: (seconds, failure, text) for path, seconds, failure, text in pool.map(one, notebooks)}
     total = time.monotonic() - start
     report = {"jobs": jobs, "total_s": round(total, 1), "torch": colab.note or "as pinned"}
-    report["notebooks_s"] = {path: round(seconds, 1) for path, (seconds, _) in sorted(found.items())}
+    report["notebooks_s"] = {path: round(seconds, 1) for path, (seconds, _, _) in sorted(found.items())}
     (base / "colab-sim-times.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nColab simulation ({jobs} at a time, {total:.0f} s in all; torch {report['torch']}):")
-    for path, (seconds, failure) in sorted(found.items()):
+    for path, (seconds, failure, _) in sorted(found.items()):
         print(f"  {seconds:6.1f} s  {path}{'  FAILED' if failure else ''}")
     return found
+
+
+def printed(notebook: Path) -> str:
+    """The text a run notebook shows: its streams and plain-text results, in order ("" if it cannot be read)."""
+    try:
+        cells = json.loads(notebook.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    texts = []
+    for cell in cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text") or output.get("data", {}).get("text/plain", "")
+            texts.append("".join(text) if isinstance(text, list) else str(text))
+    return "\n".join(texts)
 
 
 def test_every_notebook_installs_minikv_the_same_way() -> None:
@@ -339,6 +359,34 @@ def test_install_cells_add_only_minikv_and_it_imports_from_the_venv(colab: Colab
 
 
 @pytest.mark.parametrize("notebook", sorted(install_commands()))
-def test_the_notebook_runs_top_to_bottom_there(results: dict[str, tuple[float, str]], notebook: str) -> None:
-    seconds, failure = results[notebook]
+def test_the_notebook_runs_top_to_bottom_there(results: dict[str, tuple[float, str, str]], notebook: str) -> None:
+    seconds, failure, _ = results[notebook]
     assert not failure, f"{notebook} failed in the Colab venv after {seconds:.0f} s:\n{failure}"
+
+
+@pytest.mark.parametrize("notebook", [colab_copy.colab_path(path, "zh") for path in ZH_SAMPLE])
+def test_a_chinese_copy_reports_and_raises_in_chinese(
+    results: dict[str, tuple[float, str, str]], notebook: str
+) -> None:
+    """The zh copy's setup cell (``minikv.set_language("zh")``) reaches the checker's verdicts and the
+    errors the chapter prints: each line that says one is Chinese, not the English of the book."""
+    _, failure, text = results[notebook]
+    assert not failure, notebook
+    said = [line for line in text.splitlines() if SAID_TO_A_READER.search(line)]
+    assert said, f"{notebook}: no checker verdict or minikv error in its outputs"
+    english = [line for line in said if not CJK.search(line)]
+    assert english == [], f"{notebook}: English where the learner reads Chinese:\n" + "\n".join(english)
+
+
+def test_what_a_reader_is_told_is_recognised() -> None:
+    """The pattern of the test above finds verdicts and errors, in both languages, and nothing else."""
+    for line in (
+        "✗ radix.match_len: not written yet.",
+        "✗ radix.match_len：还没有编写。",
+        "EvictionError: size: asked to evict 1 slots but only 0 are evictable",
+        "LockError: handle：无法解锁",
+        "after eviction: StaleHandleError: handle: its node",
+    ):
+        assert SAID_TO_A_READER.search(line), line
+    for line in ("root (ref_count 1)", "evicted: [3, 2, 4, 5]", "it raises IntegrityError", "Error:"):
+        assert not SAID_TO_A_READER.search(line), line

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..kernels.paged_attention import paged_decode_attention_reference
+from ..language import tr
 from ._core import (
     Case,
     Draw,
@@ -222,11 +223,13 @@ def _check_decode(fn: _F, setup: Setup) -> None:
     for name, old, new in zip(("q", "k_cache", "v_cache", "table", "lens"), before,
                               (t.q, t.k_cache, t.v_cache, t.table, t.lens), strict=True):  # fmt: skip
         if not torch.equal(old.nan_to_num(), new.nan_to_num()):
-            raise Mismatch(f"your function changed `{name}`; attention only reads it.")
+            raise Mismatch(tr("your function changed `{name}`; attention only reads it.", name=name))
     shape = tuple(t.q.shape)
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
-        shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
-        raise Mismatch("return the output as a (batch, heads, head_dim) tensor.", f"shape {shape}", shown)
+        shown = tr("shape {shape}", shape=tuple(got.shape)) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Mismatch(
+            tr("return the output as a (batch, heads, head_dim) tensor."), tr("shape {shape}", shape=shape), shown
+        )
     expected = expected_output(t)
     got32 = got.detach().float()
     tol = _tolerance(setup.dtype)
@@ -235,48 +238,65 @@ def _check_decode(fn: _F, setup: Setup) -> None:
         return
     bad = (~close).any(dim=2).nonzero()
     b, h = (int(x) for x in bad[0])
-    problem = f"request {b}, query head {h}: the output differs from the spec"
     if bool(torch.isnan(got32).any()):
-        problem += " and holds NaN: the kernel read memory outside the tensors (the guard around them is NaN)"
+        problem = tr(
+            "request {b}, query head {h}: the output differs from the spec and holds NaN: the kernel read memory "
+            "outside the tensors (the guard around them is NaN); {bad} of {pairs} (request, head) pairs are wrong.",
+            b=b,
+            h=h,
+            bad=len(bad),
+            pairs=shape[0] * shape[1],
+        )
     else:
-        problem += f" (largest difference {float((got32 - expected).abs().max()):.3g})"
-    problem += f"; {len(bad)} of {shape[0] * shape[1]} (request, head) pairs are wrong."
+        problem = tr(
+            "request {b}, query head {h}: the output differs from the spec (largest difference {largest:.3g}); "
+            "{bad} of {pairs} (request, head) pairs are wrong.",
+            b=b,
+            h=h,
+            largest=float((got32 - expected).abs().max()),
+            bad=len(bad),
+            pairs=shape[0] * shape[1],
+        )
     problem += _diagnosis(t, got32, tol)
     raise Mismatch(problem, _row(expected[b, h]), _row(got32[b, h]))
 
 
 def _diagnosis(t: Tensors, got: torch.Tensor, tol: float) -> str:
     slips = [
-        ({"head_map": "mod"}, "query head h must read KV head h // (heads // kv_heads), not h % kv_heads"),
-        ({"use_lens": False}, "only the first lens[b] slots of a row are the request's: mask the rest"),
-        ({"scale": False}, "scores are scaled by 1 / sqrt(head_dim)"),
+        ({"head_map": "mod"}, tr("query head h must read KV head h // (heads // kv_heads), not h % kv_heads")),
+        ({"use_lens": False}, tr("only the first lens[b] slots of a row are the request's: mask the rest")),
+        ({"scale": False}, tr("scores are scaled by 1 / sqrt(head_dim)")),
     ]
     for kwargs, sentence in slips:
         if bool(torch.isclose(got, _variant(t, **kwargs), rtol=tol, atol=tol).all()):  # type: ignore[arg-type]
-            return f" It matches what you get if you forget that {sentence}."
+            return tr(" It matches what you get if you forget that {sentence}.", sentence=sentence)
     return ""
 
 
 def _row(values: torch.Tensor) -> str:
     items = [f"{v:.4g}" for v in values.tolist()]
-    return "[" + ", ".join(items[:8]) + (f", ... ({len(items)} values)" if len(items) > 8 else "") + "]"
+    return "[" + ", ".join(items[:8]) + (tr(", ... ({n} values)", n=len(items)) if len(items) > 8 else "") + "]"
 
 
-SETUPS = [
-    Setup("one request, one token, one head", (1,), heads=1, head_dim=4, num_pages=2),
-    Setup("one request of 7 tokens over two pages of 4", (7,), head_dim=4, num_pages=4),
-    Setup("three requests of different lengths, sharing their first page", (5, 9, 2), num_pages=8),
-    Setup("grouped-query attention: 4 query heads share 2 KV heads", (6, 3), heads=4, kv_heads=2, num_pages=6),
-    Setup("8 query heads, 1 KV head (multi-query)", (5,), heads=8, kv_heads=1, num_pages=4),
-    Setup("page_size 1: every token its own page", (6, 4), page_size=1, num_pages=12),
-    Setup("page_size 3 and head_dim 12 (not powers of two)", (8, 5), head_dim=12, page_size=3, num_pages=8),
-    Setup("a layer of a page-first buffer: pages are further apart than one layer's page", (6, 7),
-          heads=4, kv_heads=2, layout="page_first", num_pages=8),
-    Setup("the table is a slice of a wider one: its row stride is not its width", (5, 3), table="slice"),
-    Setup("large scores (queries scaled by 100): exp() of a raw score overflows", (9, 4), q_scale=100.0),
-    Setup("a request longer than one block of the loop (40 tokens)", (40, 3), head_dim=4, page_size=8, num_pages=8),
-    Setup("float16", (6, 5), heads=4, kv_heads=2, dtype=torch.float16),
-]  # fmt: skip
+def _setups() -> list[Setup]:
+    """The decode cases' settings, described in the current language (so built when a check runs)."""
+    return [
+        Setup(tr("one request, one token, one head"), (1,), heads=1, head_dim=4, num_pages=2),
+        Setup(tr("one request of 7 tokens over two pages of 4"), (7,), head_dim=4, num_pages=4),
+        Setup(tr("three requests of different lengths, sharing their first page"), (5, 9, 2), num_pages=8),
+        Setup(tr("grouped-query attention: 4 query heads share 2 KV heads"), (6, 3),
+              heads=4, kv_heads=2, num_pages=6),
+        Setup(tr("8 query heads, 1 KV head (multi-query)"), (5,), heads=8, kv_heads=1, num_pages=4),
+        Setup(tr("page_size 1: every token its own page"), (6, 4), page_size=1, num_pages=12),
+        Setup(tr("page_size 3 and head_dim 12 (not powers of two)"), (8, 5), head_dim=12, page_size=3, num_pages=8),
+        Setup(tr("a layer of a page-first buffer: pages are further apart than one layer's page"), (6, 7),
+              heads=4, kv_heads=2, layout="page_first", num_pages=8),
+        Setup(tr("the table is a slice of a wider one: its row stride is not its width"), (5, 3), table="slice"),
+        Setup(tr("large scores (queries scaled by 100): exp() of a raw score overflows"), (9, 4), q_scale=100.0),
+        Setup(tr("a request longer than one block of the loop (40 tokens)"), (40, 3),
+              head_dim=4, page_size=8, num_pages=8),
+        Setup("float16", (6, 5), heads=4, kv_heads=2, dtype=torch.float16),
+    ]  # fmt: skip
 
 
 def _draw_setup(rng: random.Random, size: int) -> Setup:
@@ -316,20 +336,33 @@ def _shrink_setup(setup: Setup) -> list[Setup]:
 
 def _show_setup(setup: Setup) -> str:
     s = setup
-    return (
-        f"lens {list(s.lens)}, {s.heads} query heads over {s.kv_heads} KV heads of {s.head_dim}, page_size "
-        f"{s.page_size}, {s.num_pages} pages, {str(s.dtype).replace('torch.', '')}, cache {s.layout}, "
-        f"table {s.table}, {'a shared first page, ' if s.shared else ''}queries x{s.q_scale:g}"
+    return tr(
+        "lens {lens}, {heads} query heads over {kv_heads} KV heads of {head_dim}, page_size {page_size}, "
+        "{num_pages} pages, {dtype}, cache {layout}, table {table}, {shared}queries x{q_scale:g}",
+        lens=list(s.lens),
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        page_size=s.page_size,
+        num_pages=s.num_pages,
+        dtype=str(s.dtype).replace("torch.", ""),
+        layout=s.layout,
+        table=s.table,
+        shared=tr("a shared first page, ") if s.shared else "",
+        q_scale=s.q_scale,
     )
 
 
 def _decode_cases(count: int) -> list[Case]:
-    cases = [Case(s.description, s.size, _runner(_check_decode, s)) for s in SETUPS]
-    cases.append(Case("which cache rows each query head reads (a probe cache: see rows_read)", 10**5, _check_probe))
+    cases = [Case(s.description, s.size, _runner(_check_decode, s)) for s in _setups()]
+    cases.append(Case(tr("which cache rows each query head reads (a probe cache: see rows_read)"), 10**5, _check_probe))
     return [
         *cases,
         random_case(
-            f"{count} random decode steps: any lengths, page sizes, GQA groups, layouts, table strides, dtypes",
+            tr(
+                "{count} random decode steps: any lengths, page sizes, GQA groups, layouts, table strides, dtypes",
+                count=count,
+            ),
             Draw(_draw_setup, _check_decode, _show_setup, _shrink_setup, lambda s: s.size),
             seed=2800,
             max_size=8,
@@ -432,7 +465,7 @@ def _check_probe(fn: _F) -> None:
             explain_a_kernel_compiled_for_no_gpu(learner.error)
             raise
         raise Mismatch(
-            "the checker could not read your output on the probe cache: return (batch, heads, head_dim)."
+            tr("the checker could not read your output on the probe cache: return (batch, heads, head_dim).")
         ) from None
     for b in range(len(found.lens)):
         extra = np.nonzero(found.read[b] & ~found.expected[b])[0].tolist()
@@ -440,10 +473,10 @@ def _check_probe(fn: _F) -> None:
         if extra or missing:
             ps = found.page_size
             raise Mismatch(
-                f"request {b} (lens {found.lens[b]}) did not read exactly its own slots"
-                + (f"; it read slots {extra} it does not own" if extra else "")
-                + (f"; it skipped its slots {missing}" if missing else "")
-                + f" (slot s is row s % {ps} of page s // {ps}).",
+                tr("request {b} (lens {length}) did not read exactly its own slots", b=b, length=found.lens[b])
+                + (tr("; it read slots {extra} it does not own", extra=extra) if extra else "")
+                + (tr("; it skipped its slots {missing}", missing=missing) if missing else "")
+                + tr(" (slot s is row s % {ps} of page s // {ps}).", ps=ps),
                 str(np.nonzero(found.expected[b])[0].tolist()),
                 str(np.nonzero(found.read[b])[0].tolist()),
             )
@@ -451,11 +484,17 @@ def _check_probe(fn: _F) -> None:
     if len(wrong):
         b, h = (int(x) for x in wrong[0])
         raise Mismatch(
-            f"request {b}'s query head {h} read the rows of the wrong KV head: with "
-            f"{PROBE.heads} query heads over {PROBE.kv_heads} KV heads, head h reads KV head h // "
-            f"{PROBE.heads // PROBE.kv_heads}.",
-            f"KV head {found.expected_kv_head[b, h]}",
-            f"KV head {found.kv_head[b, h]}" if found.kv_head[b, h] >= 0 else "rows of several KV heads",
+            tr(
+                "request {b}'s query head {h} read the rows of the wrong KV head: with "
+                "{heads} query heads over {kv_heads} KV heads, head h reads KV head h // {group}.",
+                b=b,
+                h=h,
+                heads=PROBE.heads,
+                kv_heads=PROBE.kv_heads,
+                group=PROBE.heads // PROBE.kv_heads,
+            ),
+            tr("KV head {g}", g=found.expected_kv_head[b, h]),
+            tr("KV head {g}", g=found.kv_head[b, h]) if found.kv_head[b, h] >= 0 else tr("rows of several KV heads"),
         )
 
 
@@ -508,42 +547,46 @@ def _check_online(fn: _F, spec: Blocks) -> None:
     expected = torch.softmax(scores.double(), 0) @ values.double()
     got = call(fn, _blocks(spec, scores, values))
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != (spec.dim,):
-        shown = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
-        raise Mismatch("return the weighted sum of the values as a (dim,) tensor.", f"shape ({spec.dim},)", shown)
+        shown = tr("shape {shape}", shape=tuple(got.shape)) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Mismatch(
+            tr("return the weighted sum of the values as a (dim,) tensor."),
+            tr("shape {shape}", shape=(spec.dim,)),
+            shown,
+        )
     got64 = got.detach().double()
     if bool(torch.isclose(got64, expected, rtol=1e-4, atol=1e-5).all()):
         return
-    problem = "the result is not softmax(scores) @ values"
+    problem = tr("the result is not softmax(scores) @ values.")
     if bool(torch.isnan(got64).any() | torch.isinf(got64).any()):
-        problem += (
-            ": it holds NaN or inf. Large scores overflow exp(); subtract the running maximum first "
-            "(and a block may hold -inf scores, masked lanes)"
+        problem = tr(
+            "the result is not softmax(scores) @ values: it holds NaN or inf. Large scores overflow exp(); "
+            "subtract the running maximum first (and a block may hold -inf scores, masked lanes)."
         )
     elif len(spec.lengths) > 1 and bool(
         torch.isclose(
             got64, torch.softmax(scores[-spec.lengths[-1] :].double(), 0) @ values[-spec.lengths[-1] :].double()
         ).all()
     ):
-        problem += (
-            ": it equals the last block's alone. The blocks arrive one at a time in the same buffer: "
-            "fold each into running values before asking for the next, do not keep them"
+        problem = tr(
+            "the result is not softmax(scores) @ values: it equals the last block's alone. The blocks arrive one "
+            "at a time in the same buffer: fold each into running values before asking for the next, do not keep them."
         )
-    raise Mismatch(problem + ".", _row(expected.float()), _row(got64.float()))
+    raise Mismatch(problem, _row(expected.float()), _row(got64.float()))
 
 
 @exercise("paged_attention.online_softmax", "softmax(scores) @ values, one block at a time")
 def _online_cases() -> list[Case]:
     settings = [
-        ("one block of 4", Blocks((4,), 3)),
-        ("one block of one score", Blocks((1,), 2)),
-        ("three blocks of 4: the running maximum grows", Blocks((4, 4, 4), 3, seed=1)),
-        ("the largest score comes in the last block", Blocks((3, 3, 1), 2, shift=0.0, seed=5)),
-        ("blocks of different lengths", Blocks((5, 1, 3, 2), 4, seed=2)),
-        ("scores near 1000: exp() of a raw score overflows", Blocks((4, 4), 3, scale=5.0, shift=1000.0, seed=3)),
-        ("scores near -1000: exp() of a raw score is 0 everywhere",
+        (tr("one block of 4"), Blocks((4,), 3)),
+        (tr("one block of one score"), Blocks((1,), 2)),
+        (tr("three blocks of 4: the running maximum grows"), Blocks((4, 4, 4), 3, seed=1)),
+        (tr("the largest score comes in the last block"), Blocks((3, 3, 1), 2, shift=0.0, seed=5)),
+        (tr("blocks of different lengths"), Blocks((5, 1, 3, 2), 4, seed=2)),
+        (tr("scores near 1000: exp() of a raw score overflows"), Blocks((4, 4), 3, scale=5.0, shift=1000.0, seed=3)),
+        (tr("scores near -1000: exp() of a raw score is 0 everywhere"),
          Blocks((4, 4), 3, scale=5.0, shift=-1000.0, seed=4)),
-        ("-inf scores (masked lanes) in the last block", Blocks((4, 4), 2, masked=(5, 6, 7), seed=6)),
-        ("scores that spread over hundreds: most weights underflow", Blocks((4, 4, 4), 2, scale=300.0, seed=7)),
+        (tr("-inf scores (masked lanes) in the last block"), Blocks((4, 4), 2, masked=(5, 6, 7), seed=6)),
+        (tr("scores that spread over hundreds: most weights underflow"), Blocks((4, 4, 4), 2, scale=300.0, seed=7)),
     ]  # fmt: skip
 
     def draw(rng: random.Random, size: int) -> Blocks:
@@ -575,13 +618,13 @@ def _online_cases() -> list[Case]:
         return out
 
     def show(spec: Blocks) -> str:
-        text = f"blocks of {list(spec.lengths)} scores, values of dim {spec.dim}"
-        text += f", scores ~ N({spec.shift:g}, {spec.scale:g}²)"
-        return text + (f", -inf at positions {list(spec.masked)}" if spec.masked else "")
+        text = tr("blocks of {lengths} scores, values of dim {dim}", lengths=list(spec.lengths), dim=spec.dim)
+        text += tr(", scores ~ N({shift:g}, {scale:g}²)", shift=spec.shift, scale=spec.scale)
+        return text + (tr(", -inf at positions {masked}", masked=list(spec.masked)) if spec.masked else "")
 
     return [Case(desc, spec.size, _runner(_check_online, spec)) for desc, spec in settings] + [
         random_case(
-            "24 random block sequences: lengths, huge and tiny scores, masked lanes",
+            tr("24 random block sequences: lengths, huge and tiny scores, masked lanes"),
             Draw(draw, _check_online, show, shrink, lambda spec: spec.size),
             seed=2900,
             max_size=12,

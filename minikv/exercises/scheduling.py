@@ -27,6 +27,7 @@ import numpy as np
 from ..base import BaseCacheManager
 from ..course import workloads
 from ..engine import EngineRequest, make_engine, recompute
+from ..language import tr
 from ..lifecycle import serve
 from ..page_pool import PagePool
 from ..radix_manager import RadixCacheManager
@@ -96,8 +97,13 @@ def _build(queue: Queue) -> tuple[RadixCacheManager, list[EngineRequest]]:
 def _label(request: EngineRequest, cache: BaseCacheManager, queue: Queue, aging: bool) -> str:
     matched = cached_prefix_len(cache, request.token_ids)
     if aging:
-        return f"request {request.uid} (match {matched}, waited {request.waited_steps})"
-    return f"request {request.uid} (match {matched})"
+        return tr(
+            "request {uid} (match {matched}, waited {waited})",
+            uid=request.uid,
+            matched=matched,
+            waited=request.waited_steps,
+        )
+    return tr("request {uid} (match {matched})", uid=request.uid, matched=matched)
 
 
 def _check_order(fn: _F, queue: Queue, aging: bool) -> None:
@@ -113,10 +119,12 @@ def _check_order(fn: _F, queue: Queue, aging: bool) -> None:
     _expect_same_tree(before, cache)
     if [id(r) for r in waiting] != [id(r) for r in requests]:
         raise Mismatch(
-            "your function reordered the list `waiting` it was given; return a new list "
-            "(`sorted(waiting, ...)`) and leave the caller's queue as it was.",
-            "the queue as it was given",
-            "the queue reordered",
+            tr(
+                "your function reordered the list `waiting` it was given; return a new list "
+                "(`sorted(waiting, ...)`) and leave the caller's queue as it was."
+            ),
+            tr("the queue as it was given"),
+            tr("the queue reordered"),
         )
     _expect_the_same_requests(got, requests)
     assert isinstance(got, list)
@@ -124,42 +132,58 @@ def _check_order(fn: _F, queue: Queue, aging: bool) -> None:
         exp = [_label(r, cache, queue, aging) for r in expected]
         mine = [_label(r, cache, queue, aging) for r in got]
         where, exp_text, got_text = diff(exp, mine)
-        rule = "the highest priority first" if aging else "the longest cached prefix first"
-        raise Mismatch(
-            f"the order is wrong ({where}): {rule}, and requests with equal "
-            f"{'priority' if aging else 'matches'} keep their order in `waiting`.",
-            exp_text,
-            got_text,
-        )
+        if aging:
+            problem = tr(
+                "the order is wrong ({where}): the highest priority first, and requests with equal "
+                "priority keep their order in `waiting`.",
+                where=where,
+            )
+        else:
+            problem = tr(
+                "the order is wrong ({where}): the longest cached prefix first, and requests with equal "
+                "matches keep their order in `waiting`.",
+                where=where,
+            )
+        raise Mismatch(problem, exp_text, got_text)
 
 
 def _expect_the_same_requests(got: object, requests: Sequence[EngineRequest]) -> None:
     if not isinstance(got, list):
-        raise Mismatch("return a list of the waiting requests.", "a list", f"{type(got).__name__}: {got!r}"[:200])
+        raise Mismatch(
+            tr("return a list of the waiting requests."), tr("a list"), f"{type(got).__name__}: {got!r}"[:200]
+        )
     if sorted(map(id, got)) != sorted(map(id, requests)):
         raise Mismatch(
-            "return the waiting requests themselves, each exactly once, reordered (no copies, none "
-            "left out, none added).",
-            f"{len(requests)} requests: " + ", ".join(f"request {r.uid}" for r in requests),
-            f"{len(got)} items: " + ", ".join(_what(item, requests) for item in got),
+            tr(
+                "return the waiting requests themselves, each exactly once, reordered (no copies, none "
+                "left out, none added)."
+            ),
+            tr(
+                "{n} requests: {requests}",
+                n=len(requests),
+                requests=", ".join(tr("request {uid}", uid=r.uid) for r in requests),
+            ),
+            tr("{n} items: {items}", n=len(got), items=", ".join(_what(item, requests) for item in got)),
         )
 
 
 def _what(item: object, requests: Sequence[EngineRequest]) -> str:
     if any(item is r for r in requests):
-        return f"request {getattr(item, 'uid', '?')}"
-    return f"a {type(item).__name__} that is not one of them"
+        return tr("request {uid}", uid=getattr(item, "uid", "?"))
+    return tr("a {type} that is not one of them", type=type(item).__name__)
 
 
 def _expect_same_tree(before: TreeSnapshot, cache: RadixCacheManager) -> None:
     after = TreeSnapshot.of(cache)
     if after != before:
         raise Mismatch(
-            "your function changed the tree: asking how much of a prompt is cached must change nothing. "
-            "`match_prefix` stamps the matched path with the current time (so eviction order changes) "
-            "and splits a node where the match ends inside it; `cache.find` only reads.",
-            "the tree as it was",
-            "a tree with other timestamps or nodes",
+            tr(
+                "your function changed the tree: asking how much of a prompt is cached must change nothing. "
+                "`match_prefix` stamps the matched path with the current time (so eviction order changes) "
+                "and splits a node where the match ends inside it; `cache.find` only reads."
+            ),
+            tr("the tree as it was"),
+            tr("a tree with other timestamps or nodes"),
         )
 
 
@@ -207,14 +231,20 @@ def _shrink_queue(queue: Queue) -> list[Queue]:
 
 def _show_queue(queue: Queue, aging: bool = False) -> str:
     def one(uid: int, w: Waiting) -> str:
-        text = f"request {uid}: prompt {list(w.prompt)}"
-        text += f" + generated {list(w.output)}" if w.output else ""
-        return text + (f", waited {w.waited} steps" if aging else "")
+        text = tr("request {uid}: prompt {prompt}", uid=uid, prompt=list(w.prompt))
+        text += tr(" + generated {output}", output=list(w.output)) if w.output else ""
+        return text + (tr(", waited {steps} steps", steps=w.waited) if aging else "")
 
-    lines = [f"page_size {queue.page_size}; the tree holds what serving {[list(p) for p in queue.served]} left"]
+    lines = [
+        tr(
+            "page_size {page_size}; the tree holds what serving {served} left",
+            page_size=queue.page_size,
+            served=[list(p) for p in queue.served],
+        )
+    ]
     if aging:
         lines[0] += f"; tokens_per_step {queue.tokens_per_step:g}"
-    lines += [one(uid, w) for uid, w in enumerate(queue.waiting)] or ["the waiting queue is empty"]
+    lines += [one(uid, w) for uid, w in enumerate(queue.waiting)] or [tr("the waiting queue is empty")]
     return "\n".join(lines)
 
 
@@ -280,7 +310,7 @@ def _serve(work: Workload, policy: SchedulingPolicy) -> _Served:
             admitted += [requests.index(r) for r in batch.requests]
         step += 1
         if step > 2000:
-            raise Mismatch("the engine did not finish the workload within 2000 steps with your order.")
+            raise Mismatch(tr("the engine did not finish the workload within 2000 steps with your order."))
     return _Served(
         [tuple(r.output) for r in requests],
         engine.stats.prefill_tokens,
@@ -304,8 +334,11 @@ def _check_engine(fn: _F, work: Workload, aging: bool) -> None:
         wanted = _recompute(prompt, max_new)
         if got.outputs[index] != wanted:
             raise Mismatch(
-                f"request {index}'s output differs from a recompute from scratch: a policy must only reorder "
-                "the queue, never change what a request generates.",
+                tr(
+                    "request {index}'s output differs from a recompute from scratch: a policy must only reorder "
+                    "the queue, never change what a request generates.",
+                    index=index,
+                ),
                 repr(list(wanted)),
                 repr(list(got.outputs[index])),
             )
@@ -313,17 +346,27 @@ def _check_engine(fn: _F, work: Workload, aging: bool) -> None:
     if got.admitted != expected.admitted:
         where, exp_text, got_text = diff(expected.admitted, got.admitted)
         raise Mismatch(
-            f"the engine admitted the requests in another order than with minikv's {name} ({where}); "
-            f"listed: the request numbers, in the order of their admissions (a preempted one comes again).",
+            tr(
+                "the engine admitted the requests in another order than with minikv's {name} ({where}); "
+                "listed: the request numbers, in the order of their admissions (a preempted one comes again).",
+                name=name,
+                where=where,
+            ),
             exp_text,
             got_text,
         )
-    for what, exp, mine in (
-        ("prompt tokens computed", expected.computed, got.computed),
-        ("preemptions", expected.preemptions, got.preemptions),
-    ):
-        if exp != mine:
-            raise Mismatch(f"the engine's {what} differ from minikv's {name} on this workload.", str(exp), str(mine))
+    if expected.computed != got.computed:
+        raise Mismatch(
+            tr("the engine's prompt tokens computed differ from minikv's {name} on this workload.", name=name),
+            str(expected.computed),
+            str(got.computed),
+        )
+    if expected.preemptions != got.preemptions:
+        raise Mismatch(
+            tr("the engine's preemptions differ from minikv's {name} on this workload.", name=name),
+            str(expected.preemptions),
+            str(got.preemptions),
+        )
 
 
 def _draw_workload(rng: random.Random, size: int) -> Workload:
@@ -375,11 +418,17 @@ def _run_workload(fn: _F, work: Workload, aging: bool) -> None:
 
 def _show_workload(work: Workload, aging: bool = False) -> str:
     lines = [
-        f"{len(work.requests)} requests, page_size {work.page_size}, {work.num_pages} pages, "
-        f"max_running {work.max_running}" + (f", tokens_per_step {work.tokens_per_step:g}" if aging else "")
+        tr(
+            "{n} requests, page_size {page_size}, {num_pages} pages, max_running {max_running}",
+            n=len(work.requests),
+            page_size=work.page_size,
+            num_pages=work.num_pages,
+            max_running=work.max_running,
+        )
+        + (f", tokens_per_step {work.tokens_per_step:g}" if aging else "")
     ]
     lines += [
-        f"request {i}: prompt {list(p)}, {m} new tokens, arrives at step {a}"
+        tr("request {i}: prompt {prompt}, {m} new tokens, arrives at step {a}", i=i, prompt=list(p), m=m, a=a)
         for i, (p, m, a) in enumerate(work.requests)
     ]
     return "\n".join(lines)
@@ -394,16 +443,16 @@ def _prefix_cases() -> list[Case]:
         return Case(desc, len(ids), lambda fn: _check_prefix(fn, page_size, served, ids))
 
     settings = [
-        ("an empty tree: nothing is cached", 1, (), (1, 2, 3)),
-        ("a one-token prompt: there is nothing before its last token", 1, ((1, 2),), (1,)),
-        ("the first 3 tokens are cached", 1, ((1, 2, 3, 9),), (1, 2, 3, 4, 5)),
-        ("the whole prompt is cached: its last token is computed anyway", 1, ((1, 2, 3, 4),), (1, 2, 3, 4)),
-        ("a longer prompt than any cached one", 1, ((5, 6),), (5, 6, 7, 8)),
-        ("the match ends inside a node (the tree holds [1, 2, 3, 4, 5])", 1, ((1, 2, 3, 4, 5),), (1, 2, 9)),
-        ("two branches: the longer one matches", 1, ((1, 2, 3), (1, 2, 7, 7, 7)), (1, 2, 7, 7, 8)),
-        ("page_size 4: only whole pages count (6 shared tokens match 4)", 4, ((1, 2, 3, 4, 5, 6, 7, 8),),
+        (tr("an empty tree: nothing is cached"), 1, (), (1, 2, 3)),
+        (tr("a one-token prompt: there is nothing before its last token"), 1, ((1, 2),), (1,)),
+        (tr("the first 3 tokens are cached"), 1, ((1, 2, 3, 9),), (1, 2, 3, 4, 5)),
+        (tr("the whole prompt is cached: its last token is computed anyway"), 1, ((1, 2, 3, 4),), (1, 2, 3, 4)),
+        (tr("a longer prompt than any cached one"), 1, ((5, 6),), (5, 6, 7, 8)),
+        (tr("the match ends inside a node (the tree holds [1, 2, 3, 4, 5])"), 1, ((1, 2, 3, 4, 5),), (1, 2, 9)),
+        (tr("two branches: the longer one matches"), 1, ((1, 2, 3), (1, 2, 7, 7, 7)), (1, 2, 7, 7, 8)),
+        (tr("page_size 4: only whole pages count (6 shared tokens match 4)"), 4, ((1, 2, 3, 4, 5, 6, 7, 8),),
          (1, 2, 3, 4, 5, 6, 0, 0, 0)),
-        ("page_size 2: the whole prompt is cached, an odd length", 2, ((3, 3, 3, 3, 3, 3),), (3, 3, 3, 3, 3)),
+        (tr("page_size 2: the whole prompt is cached, an odd length"), 2, ((3, 3, 3, 3, 3, 3),), (3, 3, 3, 3, 3)),
     ]  # fmt: skip
 
     def draw(rng: random.Random, size: int) -> tuple[int, tuple[Prompt, ...], Prompt]:
@@ -420,11 +469,16 @@ def _prefix_cases() -> list[Case]:
 
     def show(value: tuple[int, tuple[Prompt, ...], Prompt]) -> str:
         ps, served, ids = value
-        return f"page_size {ps}; the tree holds what serving {[list(p) for p in served]} left; ids {list(ids)}"
+        return tr(
+            "page_size {page_size}; the tree holds what serving {served} left; ids {ids}",
+            page_size=ps,
+            served=[list(p) for p in served],
+            ids=list(ids),
+        )
 
     return [make(*s) for s in settings] + [
         random_case(
-            "24 random trees and prompts: partial nodes, whole prompts cached, page sizes 1, 2 and 4",
+            tr("24 random trees and prompts: partial nodes, whole prompts cached, page sizes 1, 2 and 4"),
             Draw(draw, lambda fn, v: _check_prefix(fn, *v), show, shrink, lambda v: len(v[2])),
             seed=2300,
             max_size=16,
@@ -440,17 +494,17 @@ def _check_prefix(fn: _F, page_size: int, served: tuple[Prompt, ...], ids: Promp
     got = call(fn, cache, array)
     _expect_same_tree(before, cache)
     if not np.array_equal(array, np.array(ids, dtype=np.int64)):
-        raise Mismatch("your function changed `ids`; read it without writing to it.")
-    got = expect_int("the cached length", got)
+        raise Mismatch(tr("your function changed `ids`; read it without writing to it."))
+    got = expect_int(tr("the cached length"), got)
     if got != expected:
         hint = ""
         if got == cache.find(array)[1]:
-            hint = (
+            hint = tr(
                 " (that is the match of all of `ids`: admission matches `ids[:-1]`, the last token is always computed)"
             )
         elif got > expected and got - got % page_size == expected:
-            hint = f" (only whole pages of {page_size} tokens are matched)"
-        raise Mismatch(f"the cached length is wrong{hint}.", str(expected), str(got))
+            hint = tr(" (only whole pages of {page_size} tokens are matched)", page_size=page_size)
+        raise Mismatch(tr("the cached length is wrong{hint}.", hint=hint), str(expected), str(got))
 
 
 # -- scheduling.lpm_order -----------------------------------------------------------------------------
@@ -462,28 +516,28 @@ _TREE = ((1, 2, 3, 4, 5, 6), (1, 2, 3, 7), (8, 8, 8))
 def _queue_cases(aging: bool) -> list[Case]:
     W = Waiting
     settings = [
-        ("an empty queue: return an empty list", Queue(1, _TREE, ())),
-        ("one request, nothing cached", Queue(1, (), (W((1, 2)),))),
-        ("three requests that match nothing keep their order", Queue(1, _TREE, (W((9, 1)), W((7,)), W((9, 9, 9))))),
-        ("matches 0, 5 and 3: the longest first",
+        (tr("an empty queue: return an empty list"), Queue(1, _TREE, ())),
+        (tr("one request, nothing cached"), Queue(1, (), (W((1, 2)),))),
+        (tr("three requests that match nothing keep their order"), Queue(1, _TREE, (W((9, 1)), W((7,)), W((9, 9, 9))))),
+        (tr("matches 0, 5 and 3: the longest first"),
          Queue(1, _TREE, (W((9, 9)), W((1, 2, 3, 4, 5, 9)), W((1, 2, 3, 9, 9))))),
-        ("ties keep their order in `waiting` (two requests match 3, two match nothing)",
+        (tr("ties keep their order in `waiting` (two requests match 3, two match nothing)"),
          Queue(1, _TREE, (W((5, 5)), W((1, 2, 3, 0)), W((6,)), W((1, 2, 3, 9, 9)), W((8, 8, 8, 1))))),
-        ("a request whose whole prompt is cached matches all but its last token: a tie",
+        (tr("a request whose whole prompt is cached matches all but its last token: a tie"),
          Queue(1, _TREE, (W((1, 2, 3, 4, 9)), W((1, 2, 3, 4, 5))))),
-        ("a preempted request: its prompt and generated tokens are matched",
+        (tr("a preempted request: its prompt and generated tokens are matched"),
          Queue(1, _TREE, (W((1, 2, 3), output=(4, 5, 6, 0)), W((1, 2, 3, 4, 9))))),
-        ("a preempted request at the front of the queue arrived last: ties keep queue order, not arrival order",
+        (tr("a preempted request at the front of the queue arrived last: ties keep queue order, not arrival order"),
          Queue(1, _TREE, (W((9,)), W((1, 2, 3, 7, 1), output=(2,)), W((1, 2, 3, 7, 2)), W((7,), output=(7,))))),
-        ("page_size 4: matches count whole pages, so 5 and 6 cached tokens tie",
+        (tr("page_size 4: matches count whole pages, so 5 and 6 cached tokens tie"),
          Queue(4, ((1, 2, 3, 4, 5, 6, 7, 8),),
                (W((1, 2, 3, 4, 5, 0)), W((1, 2, 3, 4, 5, 6, 0)), W((1, 2, 3, 4, 5, 6, 7, 8, 9))))),
     ]  # fmt: skip
     if aging:
         settings += [
-            ("a request that waited 6 steps outranks a 5-token match (tokens_per_step 1)",
+            (tr("a request that waited 6 steps outranks a 5-token match (tokens_per_step 1)"),
              Queue(1, _TREE, (W((1, 2, 3, 4, 5, 9)), W((9, 9), waited=6)))),
-            ("tokens_per_step 0.5: waiting 6 steps is worth 3 cached tokens, a tie with a 3-token match",
+            (tr("tokens_per_step 0.5: waiting 6 steps is worth 3 cached tokens, a tie with a 3-token match"),
              Queue(1, _TREE, (W((1, 2, 3, 9)), W((9,), waited=6), W((1, 2, 3, 4, 5, 0))), tokens_per_step=0.5)),
         ]  # fmt: skip
 
@@ -492,8 +546,14 @@ def _queue_cases(aging: bool) -> list[Case]:
 
     return [make(*s) for s in settings] + [
         random_case(
-            "24 random queues and trees: ties, no matches, whole prompts cached, preempted requests, page sizes"
-            + (", waiting times, tokens_per_step" if aging else ""),
+            tr(
+                "24 random queues and trees: ties, no matches, whole prompts cached, preempted requests, page sizes, "
+                "waiting times, tokens_per_step"
+            )
+            if aging
+            else tr(
+                "24 random queues and trees: ties, no matches, whole prompts cached, preempted requests, page sizes"
+            ),
             Draw(
                 _draw_queue,
                 lambda fn, q: _check_order(fn, q, aging),
@@ -514,12 +574,12 @@ _STARVING = (*(((*_SYSTEM, 20 + i), 2, i) for i in range(6)), ((30, 31, 30), 2, 
 
 def _engine_cases(aging: bool) -> list[Case]:
     settings = [
-        Workload("in the engine: two system prompts alternate, one request runs at a time",
+        Workload(tr("in the engine: two system prompts alternate, one request runs at a time"),
                  tuple(((*(_SYSTEM if i % 2 else _SYSTEM[::-1]), 20 + i), 3, 0) for i in range(6)),
                  num_pages=24, max_running=1),
-        Workload("in the engine: requests sharing a system prompt keep arriving, one matches nothing",
+        Workload(tr("in the engine: requests sharing a system prompt keep arriving, one matches nothing"),
                  _STARVING, num_pages=28, max_running=1, tokens_per_step=2.0),
-        Workload("in the engine, page_size 2: a pool so small that requests are preempted",
+        Workload(tr("in the engine, page_size 2: a pool so small that requests are preempted"),
                  tuple(((*_SYSTEM[: 4 + i % 3], 20 + i), 4, i // 2) for i in range(5)),
                  page_size=2, num_pages=9, max_running=3),
     ]  # fmt: skip
@@ -531,8 +591,11 @@ def _engine_cases(aging: bool) -> list[Case]:
 
     return [make(w) for w in settings] + [
         random_case(
-            "8 random course workloads in the engine (shared system prompts, few-shot, chats): outputs equal "
-            f"recompute, and the tokens computed equal {'Aging' if aging else 'LongestPrefixMatch'}'s",
+            tr(
+                "8 random course workloads in the engine (shared system prompts, few-shot, chats): outputs equal "
+                "recompute, and the tokens computed equal {policy}'s",
+                policy="Aging" if aging else "LongestPrefixMatch",
+            ),
             Draw(
                 _draw_workload,
                 lambda fn, w: _run_workload(fn, w, aging),

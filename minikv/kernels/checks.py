@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ArgumentTypeError, DeviceMismatchError, SlotIndexError
+from ..language import tr
 from .cpu_copy import slot_runs
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -220,9 +221,11 @@ def check_slots(indices: torch.Tensor, num_slots: int, index_name: str = "indice
         low, high, repeated = _slot_verdict_on_device(indices)
     if low < 0 or high >= num_slots:
         bad = low if low < 0 else high
-        raise SlotIndexError(f"{index_name}: slot {bad} is outside [0, {num_slots})")
+        raise SlotIndexError(
+            tr("{name}: slot {slot} is outside [0, {below})", name=index_name, slot=bad, below=num_slots)
+        )
     if repeated if repeated is not None else not all_distinct(indices):
-        raise ArgumentError(f"{index_name} must be unique: two tokens cannot share one slot")
+        raise ArgumentError(tr("{name} must be unique: two tokens cannot share one slot", name=index_name))
 
 
 def _slot_verdict_on_device(indices: torch.Tensor) -> tuple[int, int, bool]:

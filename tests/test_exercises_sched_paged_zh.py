@@ -1,0 +1,138 @@
+"""Exercises 6 and 7's checks report in the learner's language (issue 27).
+
+Each check runs a plausible wrong answer (a mutant of ``test_exercises_scheduling.py`` or
+``test_exercises_paged_attention.py``) once in English and once in Chinese. The Chinese report
+must carry the Chinese form of the message this mutant triggers and no run of English prose
+(four or more plain words outside backticks and identifiers) that the scheduling and
+paged-attention checks write; the English report must stay English, word for word the message
+the other tests read; and both must give the same verdict, case by case.
+
+Parts of a report that other modules write (the report's frame in ``_report.py``, the
+random-case and diff sentences of ``_core.py``, an error message the learner's code raised)
+are cut out before the search for English: they have their own tests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+import test_exercises_paged_attention as paged_tests
+import test_exercises_scheduling as scheduling_tests
+from exercise_helpers import chapter_ids
+
+from minikv.exercises import check
+from minikv.language import catalog, language
+
+S, P = scheduling_tests, paged_tests
+
+# (exercise id, wrong answer, English words of the message it should trigger, their Chinese form)
+MUTANTS: list[tuple[str, Callable[..., object], str, str]] = [
+    ("scheduling.cached_prefix_len", S.prefix_of_all_ids, "admission matches `ids[:-1]`", "接纳时匹配的是 `ids[:-1]`"),
+    ("scheduling.cached_prefix_len", S.prefix_by_match_prefix, "your function changed the tree", "你的函数改变了树"),
+    ("scheduling.lpm_order", S.lpm_ties_reversed, "requests with equal matches keep their order", "匹配长度相同的请求"),
+    ("scheduling.lpm_order", S.lpm_sorts_in_place, "reordered the list `waiting`", "重排了传给它的列表 `waiting`"),
+    ("scheduling.lpm_order", S.lpm_drops_unmatched, "each exactly once", "每个恰好出现一次"),
+    ("scheduling.aging_order", S.aging_unscaled, "the highest priority first", "优先级最高的排在最前"),
+    (
+        "paged_attention.decode_torch",
+        P.WRONG["paged_attention.decode_torch"][0],
+        "not h % kv_heads",
+        "而不是 h % kv_heads",
+    ),
+    ("paged_attention.decode_torch", P.WRONG["paged_attention.decode_torch"][1], "mask the rest", "其余的要屏蔽掉"),
+    ("paged_attention.online_softmax", P.softmax_after_keeping_the_blocks, "the last block's alone", "最后一个块单独"),
+    (
+        "paged_attention.online_softmax",
+        P.WRONG["paged_attention.online_softmax"][0],
+        "not softmax(scores)",
+        "结果不等于",
+    ),
+    # the Triton kernel runs in Triton's interpreter on a CPU: a few seconds a check
+    ("paged_attention.decode", P.WRONG["paged_attention.decode"][1], "not h % kv_heads", "而不是 h % kv_heads"),
+]
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+FOREIGN = [
+    # _report.py: the report's frame and its labels
+    r"Smallest failing case:|What went wrong:|^\s*(expected|got):|^Cases:|All \d+ cases",
+    r"✗ [\w.]+: \d+ of \d+ cases passed\.",
+    # _report.diff: where two lists first differ
+    r"they first differ at position \d+: expected .*?, got [^。.;；）)]*",
+    r"from position \d+ on, \d+ item\(s\) are missing: \[[^\]]*\]",
+    r"at position \d+, \d+ item\(s\) are extra: \[[^\]]*\]",
+    r"\(\d+ items expected, \d+ got\)",
+    # _core.random_case and LearnerRaised: the random input, and what the learner's code raised
+    r"The smallest (random )?input found that fails \([^)]*\):",
+    r"seed \d+, size \d+(, drawn as \w+)?",
+    r"(on a random input, )?your function raised \w+:.*",
+    r"raised \w+:.*",
+    r"the same, as shown here: the difference is the one named above",
+    r"not run: an earlier case ran past the time limit\.",
+]
+
+
+def english_runs(text: str) -> list[str]:
+    """Runs of four or more plain English words (letters only, so identifiers and code break a run)."""
+    text = re.sub(r"`[^`]*`", " ", text)
+    runs = []
+    for line in text.splitlines():
+        for pattern in FOREIGN:
+            line = re.sub(pattern, " ", line)
+        words: list[str] = []
+        for token in [*line.split(), ""]:
+            if re.fullmatch(r"[A-Za-z]+('[a-z]+)?[,.;:!?，。；：！？]?", token):
+                words.append(token)
+                continue
+            if len(words) >= 4:
+                runs.append(" ".join(words))
+            words = []
+    return runs
+
+
+def test_every_scheduling_and_paged_attention_check_is_covered() -> None:
+    assert {m[0] for m in MUTANTS} == set(chapter_ids("scheduling") + chapter_ids("paged_attention"))
+
+
+def test_the_catalog_has_these_messages() -> None:
+    """Without the catalog the Chinese reports would silently fall back to English."""
+    assert catalog("zh").get("the waiting queue is empty"), "fill minikv/locale/zh_CN.po (scripts/messages.py)"
+
+
+def test_english_runs_finds_prose_and_skips_code() -> None:
+    assert english_runs("the order is wrong here: 顺序") == ["the order is wrong here:"]
+    assert english_runs("请求 1 `the order is wrong` page_size 4 KV 头 h // (heads // kv_heads)") == []
+
+
+@pytest.mark.parametrize(
+    ("exercise_id", "fn", "english", "chinese"), MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)]
+)
+def test_the_report_speaks_the_learners_language(
+    exercise_id: str, fn: Callable[..., object], english: str, chinese: str
+) -> None:
+    with language("en"):
+        en = check(exercise_id, fn)
+        en_text = str(en)
+    with language("zh"):
+        zh = check(exercise_id, fn)
+        zh_text = str(zh)
+
+    # the same verdict, case by case, whatever the language
+    assert not en.passed and not zh.passed
+    assert [(c.passed, c.size) for c in en.cases] == [(c.passed, c.size) for c in zh.cases]
+
+    # English stays English: the message this mutant triggers, and no Chinese anywhere
+    assert english in en_text, en_text
+    assert not CJK.search(en_text), en_text
+
+    # Chinese: the message in Chinese, every case described in Chinese, no English prose of these checks
+    assert chinese in zh_text and english not in zh_text, zh_text
+    for en_case, zh_case in zip(en.cases, zh.cases, strict=True):
+        if re.fullmatch(r"[\w.]+", en_case.description):  # a name (``float16``) is the same in every language
+            assert zh_case.description == en_case.description
+            continue
+        assert CJK.search(zh_case.description), zh_case.description
+        assert en_case.description != zh_case.description
+    assert english_runs(zh_text) == [], zh_text
