@@ -791,6 +791,7 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
             str(ref.pool.num_free_pages),
             str(mine.pool.num_free_pages),
         )
+    _admit_again(fn, scenario, indices)
     mine.running["A"] = Request(expected.input_ids, handle, indices)
     check_accounting(mine, tr("after your admit"))
     for world, request in ((mine, mine.running.pop("A")), (ref, expected)):
@@ -804,6 +805,49 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
             "protected_size 0",
             f"protected_size {mine.manager.size_info.protected_size}",
         )
+
+
+def _admit_again(fn: _F, scenario: Scenario, first: torch.Tensor) -> None:
+    """A request keeps the ``indices`` admit gave it until it finishes, so each call must return a tensor of
+    its own. Admit the same prompt again, into a twin of the world: its indices must share no memory with
+    the first call's, and leave them as they were (a reused buffer gives equal slots here, and other slots,
+    written over the first request's, as soon as the next prompt differs)."""
+    kept = first.clone()
+    twin = World(scenario)
+    for event in scenario.events[:-1]:
+        with contextlib.suppress(OutOfSlotsError):  # as in the first world: a request too large fails there too
+            _lifecycle.serve(twin.manager, twin.pool, list(event.ids), twin.kv_cache, kv_fn)
+    result, error = raised(fn, twin.manager, twin.pool, _ids(scenario.events[-1].ids))
+    if error is not None:
+        raise unexpected(error)
+    _, again = _unpack_admit(result)
+    if again is first or _overlap(again, first) or not torch.equal(first, kept):
+        raise Mismatch(
+            tr(
+                "a second admit (the same prompt, on a twin of this cache) returned indices that share memory "
+                "with the first call's: the first request still runs and holds its indices, so the next admit "
+                "would write its slots over the first request's. Return a new tensor from every call "
+                "(torch.cat makes one)."
+            ),
+            tr("a tensor of its own for each request"),
+            tr("the two requests' indices in the same memory"),
+        )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share a byte of memory (views of one tensor, by any route, do when they overlap)."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        low = high = t.data_ptr()
+        for n, stride in zip(t.shape, t.stride(), strict=True):
+            reach = (n - 1) * stride * t.element_size()
+            low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+        return low, high + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
