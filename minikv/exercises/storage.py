@@ -793,15 +793,160 @@ def _store_cases() -> list[Case]:
             setup.description, setup.num_tokens * setup.heads * setup.head_dim, lambda fn: _Store(setup).run(fn)
         )
 
-    return [make(setup) for setup in _store_setups()] + [
-        random_case(
-            tr("{count} random stores: any sizes, layouts, strides, dtypes and bad slots", count=16),
-            Draw(_draw_store, _run_store, _show_store, _shrink_store, lambda s: s.num_tokens * s.heads * s.head_dim),
-            seed=500,
-            max_size=40,
-            count=16,
+    far = (
+        [
+            Case(
+                tr(
+                    "a slot whose row lies 2^31 elements past the cache's start (a layer of a buffer that keeps "
+                    "each page's K and V rows side by side, float16): offsets need 64 bits"
+                ),
+                10**5,  # reported after the hand-made cases: a plainer failure is easier to debug
+                _run_far_store,
+            )
+        ]
+        if _far_store_possible()
+        else []
+    )
+    return (
+        [make(setup) for setup in _store_setups()]
+        + far
+        + [
+            random_case(
+                tr("{count} random stores: any sizes, layouts, strides, dtypes and bad slots", count=16),
+                Draw(
+                    _draw_store, _run_store, _show_store, _shrink_store, lambda s: s.num_tokens * s.heads * s.head_dim
+                ),
+                seed=500,
+                max_size=40,
+                count=16,
+            )
+        ]
+    )
+
+
+# -- offsets past 2^31 ---------------------------------------------------------------
+
+FAR = 2**31 + 2**20
+"""How far from the cache's start (in elements) the far slot's row lies: past what an int32 offset reaches,
+and short of 2^32, so that an offset computed in int32 wraps to ``FAR - 2**32``: about 2^31 elements *before*
+the cache, where the check keeps guard memory to see it."""
+FAR_GUARD = 1 << 16
+"""Guard elements around each place the far-slot check watches: the cache's start, the far row, the wrapped
+address."""
+_FAR_HEADS, _FAR_DIM = 1, 2
+_FAR_ROW = _FAR_HEADS * _FAR_DIM
+_FAR_PAGE = 2 * _FAR_ROW  # K row, then V row
+
+
+def _far_store_possible() -> bool:
+    """Whether this machine can hold the far-slot check's buffer: about 8 GiB of float16 that the operating
+    system maps lazily, page by page as they are touched (a few pages here). Only on the CPU: a GPU would
+    allocate all of it. A system that refuses the allocation (no overcommit) leaves the case out."""
+    if _device().type != "cpu":
+        return False
+    if _FAR_POSSIBLE:
+        return _FAR_POSSIBLE[0]
+    try:
+        probe = torch.empty(_far_layout(FAR // _FAR_PAGE)[0], dtype=torch.float16)
+        del probe
+        possible = True
+    except (RuntimeError, MemoryError):
+        possible = False
+    _FAR_POSSIBLE.append(possible)
+    return possible
+
+
+_FAR_POSSIBLE: list[bool] = []
+
+
+def _far_layout(far_slot: int) -> tuple[int, int, int | None]:
+    """``(buffer length, where the cache starts in it, the wrapped offset or None)`` for a cache of
+    ``far_slot + 2`` pages, each page's K and V rows side by side."""
+    offset = far_slot * _FAR_PAGE
+    wrapped = offset - 2**32 if offset >= 2**31 else None
+    before = FAR_GUARD + (-wrapped if wrapped is not None else 0)
+    return before + (far_slot + 2) * _FAR_PAGE + FAR_GUARD, before, wrapped
+
+
+def _run_far_store(fn: _F) -> None:
+    """The far-slot case: first on a small cache of the same layout (a function that fails there, or that
+    copies the cache, never meets the 8 GiB one), then with the far slot ``FAR`` elements away."""
+    _far_store(fn, 5)
+    _far_store(fn, FAR // _FAR_PAGE)
+
+
+def _far_store(fn: _F, far_slot: int) -> None:
+    total, before, wrapped = _far_layout(far_slot)
+    buffer = torch.empty(total, dtype=torch.float16)  # untouched pages cost no memory
+    cache = buffer[before:].as_strided(
+        (far_slot + 2, 1, 2, _FAR_HEADS, _FAR_DIM), (_FAR_PAGE, _FAR_PAGE, _FAR_ROW, _FAR_DIM, 1)
+    )
+    k_cache, v_cache = cache[:, :, 0], cache[:, :, 1]
+    offset = far_slot * _FAR_PAGE
+    if wrapped is None:  # small: watch all of it
+        windows = [(0, total)]
+    else:  # the wrapped address (looked at first: its report says why), the cache's start, the far row
+        windows = [(before + wrapped - FAR_GUARD, before + wrapped + FAR_GUARD)]
+        windows += [(before - FAR_GUARD, before + 4 * _FAR_PAGE + FAR_GUARD), (before + offset - FAR_GUARD, total)]
+    for start, end in windows:
+        buffer[start:end] = FILL
+    gen = torch.Generator().manual_seed(far_slot)
+    k, v = (torch.randn(2, _FAR_HEADS, _FAR_DIM, generator=gen).to(torch.float16) for _ in range(2))
+    indices = torch.tensor([0, far_slot], dtype=torch.int32)
+    try:
+        call(fn, k_cache, v_cache, indices, k, v)
+    except LearnerRaised as learner:
+        explain_a_kernel_compiled_for_no_gpu(learner.error)
+        raise
+    rows = {before: k[0], before + _FAR_ROW: v[0], before + offset: k[1], before + offset + _FAR_ROW: v[1]}
+    for start, end in windows:
+        got = buffer[start:end]
+        expected = torch.full_like(got, FILL)
+        for at, row in rows.items():
+            if start <= at < end:
+                expected[at - start : at - start + _FAR_ROW] = row.flatten()
+        wrong = (got != expected).nonzero().flatten()
+        if not len(wrong):
+            continue
+        where = start + int(wrong[0]) - before
+        if wrapped is not None and start == before + wrapped - FAR_GUARD:
+            raise Mismatch(
+                tr(
+                    "your code wrote {count} value(s) {distance} elements before the cache's start, instead of "
+                    "slot {slot}'s row {offset} elements after it: that is where the offset lands when it is "
+                    "computed in 32 bits, which wrap past 2^31 - 1. A layer of a large KV cache holds more than "
+                    "2^31 elements: turn the slot into int64 before multiplying it by a stride (.to(tl.int64)).",
+                    count=int((got != expected).sum()),
+                    distance=-where,
+                    slot=far_slot,
+                    offset=offset,
+                ),
+                tr("slot {slot}'s K row at element {offset}", slot=far_slot, offset=offset),
+                tr("writes at element {where}", where=where),
+            )
+        if far_slot > 5:
+            raise Mismatch(
+                tr(
+                    "with slot {slot}'s row {offset} elements after the cache's start (past 2^31), element {where} "
+                    "of the cache's buffer is wrong. Do the slot's offset arithmetic in int64.",
+                    slot=far_slot,
+                    offset=offset,
+                    where=where,
+                ),
+                tr("token 1's K and V rows in slot {slot}", slot=far_slot),
+                tr("element {where}: {value}", where=where, value=float(buffer[before + where])),
+            )
+        raise Mismatch(
+            tr(
+                "in a cache that keeps each page's K row and V row side by side (its page stride is twice its "
+                "row), with slots 0 and {slot} written, element {where} of the buffer is wrong: use the cache's "
+                "own strides.",
+                slot=far_slot,
+                where=where,
+            ),
+            tr("token 0's rows in slot 0, token 1's in slot {slot}", slot=far_slot),
+            tr("element {where}: {value}", where=where, value=float(buffer[before + where])),
         )
-    ]
 
 
 exercise("storage.store_torch", "write each token's K and V rows into its slot, in plain torch")(_store_cases)
