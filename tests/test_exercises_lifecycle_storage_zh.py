@@ -35,6 +35,7 @@ MUTANTS: list[tuple[str, Callable[..., object], str, str]] = [
     ("lifecycle.admit", L.admit_keeps_lock_on_failure, "the match is still locked", "匹配仍被锁定"),
     ("lifecycle.admit", L.admit_without_evict_from, "without evict_from the pool cannot evict", "页池什么也驱逐不了"),
     ("lifecycle.admit", L.admit_matching_the_whole_prompt, "match input_ids[:-1]", "请匹配 input_ids[:-1]"),
+    ("lifecycle.admit", L.admit_into_one_buffer, "share memory with the first call's", "与第一次调用的共享内存"),
     ("lifecycle.finish", L.WRONG["lifecycle.finish"][0], "they leaked", "它们泄漏了"),
     ("lifecycle.serve", L.serve_in_the_notes_order, "after that slot had gone back", "已回到页池之后"),
     ("lifecycle.serve", L.serve_stores_one_layer, "but nothing was stored into it", "没有往其中写入任何内容"),
@@ -49,6 +50,7 @@ MUTANTS: list[tuple[str, Callable[..., object], str, str]] = [
     ("storage.store_torch", S.store_torch_trusts_indices, "raise IndexError", "并抛出 IndexError"),
     # the Triton kernel runs in Triton's interpreter on a CPU: about a second a check
     ("storage.store", S.WRONG["storage.store"][2], "outside the cache's memory", "缓存的内存之外"),
+    ("storage.store", S._triton_store(bug=6), "computed in 32 bits", "用 32 位计算时"),
 ]
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
