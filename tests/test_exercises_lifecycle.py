@@ -289,6 +289,45 @@ def test_the_notes_order_fails_with_a_clear_message() -> None:
     assert failure is not None and "after that slot had gone back to the pool" in failure.problem, str(result)
 
 
+# issue 26: what admit returns is the request's own ---------------------------------------
+
+_ADMIT_BUFFER = torch.empty(4096, dtype=torch.int64)
+
+
+@wrong("lifecycle.admit")
+def admit_into_one_buffer(manager, pool, input_ids):
+    """Saves an allocation per request by filling one buffer: every running request's indices are the same memory."""
+    handle, matched = manager.match_prefix(input_ids[:-1])
+    manager.lock_handle(handle)
+    try:
+        new_slots = pool.allocate(len(input_ids) - handle.cached_len, evict_from=manager)
+    except Exception:
+        manager.lock_handle(handle, unlock=True)
+        raise
+    indices = _ADMIT_BUFFER[: len(input_ids)]
+    indices[: handle.cached_len] = matched
+    indices[handle.cached_len :] = new_slots
+    return handle, indices
+
+
+def test_admit_into_one_buffer_is_told_why() -> None:
+    result = check("lifecycle.admit", admit_into_one_buffer)
+    failure = result.smallest_failure
+    assert failure is not None and "share memory with the first call's" in failure.problem, str(result)
+
+
+def test_slots_to_free_may_return_a_view_of_indices() -> None:
+    """finish hands the result straight to pool.free, which copies it: the task forbids changing indices, not
+    returning a slice of it."""
+
+    def free_as_slices(indices, cached_len, already_cached, page_size):
+        tail = indices[len(indices) - len(indices) % page_size :]
+        return tail if already_cached == cached_len else torch.cat([indices[cached_len:already_cached], tail])
+
+    result = check("lifecycle.slots_to_free", free_as_slices)
+    assert result.passed, str(result)
+
+
 # the two tests of every chapter (after the last wrong answer) -------------------------
 
 test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report = chapter_tests("lifecycle", WRONG)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from exercise_helpers import WrongAnswers, chapter_tests
 
@@ -249,12 +250,15 @@ def _buggy_store_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr,
 ):  # fmt: skip
     # BUG 0: none; 1: K and V swapped; 2: V read with K's strides; 3: slot used as a page index;
-    # 4: the cache's head and element strides taken as (head_dim, 1); 5: the sources' element stride taken as 1.
+    # 4: the cache's head and element strides taken as (head_dim, 1); 5: the sources' element stride taken as 1;
+    # 6: the slot stays int32, and so does the offset computed from it.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     t_ok = t < num_tokens
-    slot = tl.load(loc_ptr + t, mask=t_ok, other=0).to(tl.int64)
+    slot = tl.load(loc_ptr + t, mask=t_ok, other=0)
+    if BUG != 6:
+        slot = slot.to(tl.int64)
     if BUG == 3:
         page = slot
         row = slot * 0
@@ -333,7 +337,17 @@ WRONG["storage.store"] = [
     _triton_store(validate=False),
     _triton_store(bug=4),
     _triton_store(bug=5),
+    _triton_store(bug=6),
 ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the far-slot case runs on the CPU only (8 GiB of lazy memory)")
+def test_an_offset_computed_in_int32_is_caught() -> None:
+    """Issue 26: a slot 2^31 elements into the cache; the int32 offset wraps before the cache, into guard memory."""
+    result = check("storage.store", _triton_store(bug=6))
+    failure = result.smallest_failure
+    assert failure is not None and "computed in 32 bits" in failure.problem, str(result)
+    assert result.num_passed == len(result.cases) - 1  # only the far slot tells int32 from int64
 
 
 # issue 26: degenerate splits, and a real view that must pass --------------------------------

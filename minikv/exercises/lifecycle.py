@@ -21,6 +21,7 @@ import torch
 from .. import lifecycle as _lifecycle
 from ..base import KVCacheLayout
 from ..errors import IntegrityError, OutOfSlotsError
+from ..language import tr
 from ..lifecycle import Request
 from ..mha_pool import MHAKVCache
 from ..page_pool import PagePool
@@ -123,16 +124,20 @@ def check_accounting(world: World, when: str) -> None:
     try:
         world.manager.check_integrity()
     except IntegrityError as error:
-        raise Mismatch(f"{when}, the radix tree is corrupted: {error}") from None
+        raise Mismatch(tr("{when}, the radix tree is corrupted: {error}", when=when, error=error)) from None
     state = _trees.snapshot(world.manager)
     tree_slots = set(_trees.all_slots(state))
     free = set(world.pool.free_slots().tolist())
     shared = sorted(tree_slots & free)
     if shared:
         raise Mismatch(
-            f"{when}, the slots {shared} are free in the pool although the tree still holds them: "
-            "the next request would overwrite a cached prefix. Which of the request's slots does the tree "
-            "hold once insert_prefix has returned, and which did it never take?"
+            tr(
+                "{when}, the slots {shared} are free in the pool although the tree still holds them: "
+                "the next request would overwrite a cached prefix. Which of the request's slots does the tree "
+                "hold once insert_prefix has returned, and which did it never take?",
+                when=when,
+                shared=shared,
+            )
         )
     ps = world.pool.page_size
     tree_pages = state.size_info.evictable_size // ps + state.size_info.protected_size // ps
@@ -140,11 +145,20 @@ def check_accounting(world: World, when: str) -> None:
     if accounted != world.pool.num_pages:
         lost = world.pool.num_pages - accounted
         raise Mismatch(
-            f"{when}, {lost} page(s) are neither free, nor held by the tree, nor by a running request: they leaked."
+            tr(
+                "{when}, {lost} page(s) are neither free, nor held by the tree, nor by a running request: they leaked.",
+                when=when,
+                lost=lost,
+            )
             if lost > 0
-            else f"{when}, {-lost} page(s) are counted twice (free and in use).",
-            f"{world.pool.num_pages} pages = free + tree + running",
-            f"{world.pool.num_free_pages} free + {tree_pages} in the tree + {world.running_pages()} running",
+            else tr("{when}, {twice} page(s) are counted twice (free and in use).", when=when, twice=-lost),
+            tr("{pages} pages = free + tree + running", pages=world.pool.num_pages),
+            tr(
+                "{free} free + {tree} in the tree + {running} running",
+                free=world.pool.num_free_pages,
+                tree=tree_pages,
+                running=world.running_pages(),
+            ),
         )
 
 
@@ -163,9 +177,17 @@ def check_kv(world: World, ids: tuple[int, ...], when: str) -> None:
             if len(wrong):
                 pos = int(wrong[0])
                 raise Mismatch(
-                    f"{when}, the {label} cache of layer {layer} does not hold the KV of token {pos} "
-                    f"(id {ids[pos]}) in slot {slots[pos]}, the slot the tree points at. "
-                    "Which tokens did this request's forward pass compute, and which slots are its own?"
+                    tr(
+                        "{when}, the {label} cache of layer {layer} does not hold the KV of token {pos} "
+                        "(id {token}) in slot {slot}, the slot the tree points at. "
+                        "Which tokens did this request's forward pass compute, and which slots are its own?",
+                        when=when,
+                        label=label,
+                        layer=layer,
+                        pos=pos,
+                        token=ids[pos],
+                        slot=slots[pos],
+                    )
                 )
 
 
@@ -192,7 +214,7 @@ def compare_worlds(expected: World, got: World, when: str) -> None:
     _trees.compare(_trees.snapshot(expected.manager), _trees.snapshot(got.manager), values=False, times=False)
     if got.pool.num_free_pages != expected.pool.num_free_pages:
         raise Mismatch(
-            f"{when}, the pool should have {expected.pool.num_free_pages} free pages.",
+            tr("{when}, the pool should have {free} free pages.", when=when, free=expected.pool.num_free_pages),
             str(expected.pool.num_free_pages),
             str(got.pool.num_free_pages),
         )
@@ -226,113 +248,129 @@ def _random_events(seed: int, count: int, vocab: int, max_len: int, concurrent: 
     return tuple(events)
 
 
-SERVE_SCENARIOS = [
-    Scenario("one request on an empty cache", (serve(1, 2, 3, 4),)),
-    Scenario("a second request shares a 3-token prefix with the first", (serve(1, 2, 3, 4), serve(1, 2, 3, 9, 9))),
-    Scenario(
-        "the same prompt twice: the second is served from the cache, all but its last token",
-        (serve(5, 6, 7), serve(5, 6, 7)),
-    ),
-    Scenario("a prompt that is a prefix of a cached one", (serve(1, 2, 3, 4, 5), serve(1, 2, 3))),
-    Scenario(
-        "the pool is full: the least recently used prefix is evicted to make room",
-        (serve(1, 2, 3, 4), serve(5, 6, 7, 8), serve(9, 9, 9, 9)),
-        num_pages=8,
-    ),
-    Scenario(
-        "too little memory even after eviction: raise OutOfSlotsError and leave nothing locked",
-        (serve(1, 2, 3, 4, 5, 6), serve(1, 2, 3, 4, 5, 6, 7, 8, 9)),
-        num_pages=8,
-    ),
-    Scenario(
-        "page_size 4: a 10-token prompt leaves a 2-token partial page to give back",
-        (serve(*range(1, 11)), serve(*range(1, 13))),
-        page_size=4,
-        num_pages=8,
-    ),
-    Scenario(
-        "page_size 4: a prompt shorter than one page caches nothing",
-        (serve(1, 2, 3), serve(1, 2, 3)),
-        page_size=4,
-        num_pages=4,
-    ),
-    Scenario(
-        "12 requests over a tiny vocabulary with a small pool (page_size 1)",
-        _random_events(1, 12, 3, 8, False),
-        num_pages=24,
-    ),
-    Scenario(
-        "12 requests with a small pool, page_size 2", _random_events(2, 12, 3, 10, False), page_size=2, num_pages=16
-    ),
-]
+def _serve_scenarios() -> list[Scenario]:
+    """The scenarios of ``lifecycle.serve``: requests one after another, in the learner's language."""
+    return [
+        Scenario(tr("one request on an empty cache"), (serve(1, 2, 3, 4),)),
+        Scenario(
+            tr("a second request shares a 3-token prefix with the first"), (serve(1, 2, 3, 4), serve(1, 2, 3, 9, 9))
+        ),
+        Scenario(
+            tr("the same prompt twice: the second is served from the cache, all but its last token"),
+            (serve(5, 6, 7), serve(5, 6, 7)),
+        ),
+        Scenario(tr("a prompt that is a prefix of a cached one"), (serve(1, 2, 3, 4, 5), serve(1, 2, 3))),
+        Scenario(
+            tr("the pool is full: the least recently used prefix is evicted to make room"),
+            (serve(1, 2, 3, 4), serve(5, 6, 7, 8), serve(9, 9, 9, 9)),
+            num_pages=8,
+        ),
+        Scenario(
+            tr("too little memory even after eviction: raise OutOfSlotsError and leave nothing locked"),
+            (serve(1, 2, 3, 4, 5, 6), serve(1, 2, 3, 4, 5, 6, 7, 8, 9)),
+            num_pages=8,
+        ),
+        Scenario(
+            tr("page_size 4: a 10-token prompt leaves a 2-token partial page to give back"),
+            (serve(*range(1, 11)), serve(*range(1, 13))),
+            page_size=4,
+            num_pages=8,
+        ),
+        Scenario(
+            tr("page_size 4: a prompt shorter than one page caches nothing"),
+            (serve(1, 2, 3), serve(1, 2, 3)),
+            page_size=4,
+            num_pages=4,
+        ),
+        Scenario(
+            tr("12 requests over a tiny vocabulary with a small pool (page_size 1)"),
+            _random_events(1, 12, 3, 8, False),
+            num_pages=24,
+        ),
+        Scenario(
+            tr("12 requests with a small pool, page_size 2"),
+            _random_events(2, 12, 3, 10, False),
+            page_size=2,
+            num_pages=16,
+        ),
+    ]
 
-FINISH_SCENARIOS = [
-    Scenario("a request on an empty cache", (admit("A", 1, 2, 3, 4), finish("A"))),
-    Scenario(
-        "a request whose first token was cached: that slot stays the tree's",
-        (serve(7, 8), admit("A", 7, 9), finish("A")),
-    ),
-    Scenario("a request whose prefix was cached", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5), finish("A"))),
-    Scenario(
-        "two identical requests run together: all of the second's slots are duplicates",
-        (admit("A", 1, 2, 3, 4), admit("B", 1, 2, 3, 4), finish("A"), finish("B")),
-    ),
-    Scenario(
-        "B matched 2 tokens; while it ran, A cached 3 more of B's tokens",
-        (serve(7, 8), admit("A", 7, 8, 1, 2, 3, 9), admit("B", 7, 8, 1, 2, 3, 4), finish("A"), finish("B")),
-    ),
-    Scenario(
-        "page_size 4: a 10-token prompt gives back its 2-token partial page",
-        (admit("A", *range(1, 11)), finish("A")),
-        page_size=4,
-        num_pages=8,
-    ),
-    Scenario(
-        "page_size 4: a 3-token prompt is too short to cache",
-        (admit("A", 1, 2, 3), finish("A")),
-        page_size=4,
-        num_pages=4,
-    ),
-    Scenario(
-        "page_size 2: concurrent duplicates and a partial page",
-        (admit("A", *range(1, 8)), admit("B", *range(1, 6)), finish("A"), finish("B")),
-        page_size=2,
-        num_pages=16,
-    ),
-    Scenario(
-        "10 overlapping requests finishing out of order (page_size 1)", _random_events(3, 10, 3, 8, True), num_pages=64
-    ),
-    Scenario(
-        "10 overlapping requests finishing out of order (page_size 2)",
-        _random_events(4, 10, 3, 9, True),
-        page_size=2,
-        num_pages=64,
-    ),
-]
 
-ADMIT_SCENARIOS = [
-    Scenario("an empty cache: nothing matches, every slot is new", (admit("A", 1, 2, 3, 4),)),
-    Scenario("a cached 3-token prefix is matched and locked", (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5))),
-    Scenario(
-        "the whole prompt is cached: all but its last token is matched", (serve(1, 2, 3, 4), admit("A", 1, 2, 3, 4))
-    ),
-    Scenario(
-        "the pool is full: another prefix must be evicted, never the one just matched",
-        (serve(1, 2, 3, 4), serve(5, 6, 7, 8), admit("A", 5, 6, 7, 8, 9, 9, 9)),
-        num_pages=8,
-    ),
-    Scenario(
-        "not enough memory: raise OutOfSlotsError and leave nothing locked",
-        (serve(1, 2, 3, 4, 5, 6), admit("A", 1, 2, 3, 4, 5, 6, 7, 8, 9)),
-        num_pages=8,
-    ),
-    Scenario(
-        "page_size 4: only whole pages match",
-        (serve(*range(1, 11)), admit("A", *range(1, 11), 50)),
-        page_size=4,
-        num_pages=8,
-    ),
-]
+def _finish_scenarios() -> list[Scenario]:
+    """The scenarios of ``lifecycle.finish`` (and ``slots_to_free``): requests that overlap."""
+    return [
+        Scenario(tr("a request on an empty cache"), (admit("A", 1, 2, 3, 4), finish("A"))),
+        Scenario(
+            tr("a request whose first token was cached: that slot stays the tree's"),
+            (serve(7, 8), admit("A", 7, 9), finish("A")),
+        ),
+        Scenario(tr("a request whose prefix was cached"), (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5), finish("A"))),
+        Scenario(
+            tr("two identical requests run together: all of the second's slots are duplicates"),
+            (admit("A", 1, 2, 3, 4), admit("B", 1, 2, 3, 4), finish("A"), finish("B")),
+        ),
+        Scenario(
+            tr("B matched 2 tokens; while it ran, A cached 3 more of B's tokens"),
+            (serve(7, 8), admit("A", 7, 8, 1, 2, 3, 9), admit("B", 7, 8, 1, 2, 3, 4), finish("A"), finish("B")),
+        ),
+        Scenario(
+            tr("page_size 4: a 10-token prompt gives back its 2-token partial page"),
+            (admit("A", *range(1, 11)), finish("A")),
+            page_size=4,
+            num_pages=8,
+        ),
+        Scenario(
+            tr("page_size 4: a 3-token prompt is too short to cache"),
+            (admit("A", 1, 2, 3), finish("A")),
+            page_size=4,
+            num_pages=4,
+        ),
+        Scenario(
+            tr("page_size 2: concurrent duplicates and a partial page"),
+            (admit("A", *range(1, 8)), admit("B", *range(1, 6)), finish("A"), finish("B")),
+            page_size=2,
+            num_pages=16,
+        ),
+        Scenario(
+            tr("10 overlapping requests finishing out of order (page_size 1)"),
+            _random_events(3, 10, 3, 8, True),
+            num_pages=64,
+        ),
+        Scenario(
+            tr("10 overlapping requests finishing out of order (page_size 2)"),
+            _random_events(4, 10, 3, 9, True),
+            page_size=2,
+            num_pages=64,
+        ),
+    ]
+
+
+def _admit_scenarios() -> list[Scenario]:
+    """The scenarios of ``lifecycle.admit``: a cache state, then the request to admit."""
+    return [
+        Scenario(tr("an empty cache: nothing matches, every slot is new"), (admit("A", 1, 2, 3, 4),)),
+        Scenario(tr("a cached 3-token prefix is matched and locked"), (serve(1, 2, 3), admit("A", 1, 2, 3, 4, 5))),
+        Scenario(
+            tr("the whole prompt is cached: all but its last token is matched"),
+            (serve(1, 2, 3, 4), admit("A", 1, 2, 3, 4)),
+        ),
+        Scenario(
+            tr("the pool is full: another prefix must be evicted, never the one just matched"),
+            (serve(1, 2, 3, 4), serve(5, 6, 7, 8), admit("A", 5, 6, 7, 8, 9, 9, 9)),
+            num_pages=8,
+        ),
+        Scenario(
+            tr("not enough memory: raise OutOfSlotsError and leave nothing locked"),
+            (serve(1, 2, 3, 4, 5, 6), admit("A", 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+            num_pages=8,
+        ),
+        Scenario(
+            tr("page_size 4: only whole pages match"),
+            (serve(*range(1, 11)), admit("A", *range(1, 11), 50)),
+            page_size=4,
+            num_pages=8,
+        ),
+    ]
 
 
 # -- lifecycle.slots_to_free ---------------------------------------------------------
@@ -359,17 +397,20 @@ def _slots_to_free_cases() -> list[Case]:
 
         return Case(scenario.description, scenario.size, run)
 
-    return [make(s) for s in FINISH_SCENARIOS] + [
+    return [make(s) for s in _finish_scenarios()] + [
         random_case(
-            f"{FREE_DRAWS} random requests: any slots in any order, any page size, any page-aligned cached "
-            "and duplicate parts, prompts shorter than a page",
+            tr(
+                "{count} random requests: any slots in any order, any page size, any page-aligned cached "
+                "and duplicate parts, prompts shorter than a page",
+                count=FREE_DRAWS,
+            ),
             Draw(
                 _draw_free,
                 lambda fn, a: _check_slots_to_free(fn, a, _reference_slots_to_free(*a)),
                 _show_free,
                 _shrink_free,
                 lambda a: len(a[0]),
-                classes=(("a prompt shorter than one page", _draw_short_free),),
+                classes=((tr("a prompt shorter than one page"), _draw_short_free),),
             ),
             seed=900,
             max_size=40,
@@ -431,14 +472,22 @@ def _check_slots_to_free(fn: _F, args: FreeArgs, expected: list[int]) -> None:
         fn, ("indices", "cached_len", "already_cached", "page_size"), tensor, cached, already, page_size
     )
     if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
-        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
+        raise Mismatch(tr("return a 1-D integer tensor of slots."), tr("1-D int tensor"), repr(got))
     got_list = got.tolist()
     if got_list != expected:
         where, exp_text, got_text = diff(expected, got_list)
         why, tree_slot = _why_free(indices, cached, already, page_size, expected, got_list)
         raise Mismatch(
-            f"slots_to_free(indices={short(list(indices), 16)}, cached_len={cached}, "
-            f"already_cached={already}, page_size={page_size}) is wrong: {where}. {why}",
+            tr(
+                "slots_to_free(indices={indices}, cached_len={cached}, already_cached={already}, "
+                "page_size={page_size}) is wrong: {where}. {why}",
+                indices=short(list(indices), 16),
+                cached=cached,
+                already=already,
+                page_size=page_size,
+                where=where,
+                why=why,
+            ),
             exp_text,
             got_text,
             # freeing a slot the tree holds is the mistake chapter 2 warns about: report it first
@@ -459,16 +508,25 @@ def _why_free(
         slot = extra[0]
         p = position.get(slot)
         if p is None:
-            return f"Slot {slot} is not in indices at all.", False
+            return tr("Slot {slot} is not in indices at all.", slot=slot), False
         if p < cached:
             return (
-                f"Your result frees slot {slot}, at position {p} of indices: the request matched that token at "
-                "step 1, so who owned the slot before the request began, and who owns it now?",
+                tr(
+                    "Your result frees slot {slot}, at position {p} of indices: the request matched that token "
+                    "at step 1, so who owned the slot before the request began, and who owns it now?",
+                    slot=slot,
+                    p=p,
+                ),
                 True,
             )
         return (
-            f"Your result frees slot {slot}, at position {p} of indices: what did insert_prefix do with that "
-            f"token (it returned already_cached = {already})?",
+            tr(
+                "Your result frees slot {slot}, at position {p} of indices: what did insert_prefix do with "
+                "that token (it returned already_cached = {already})?",
+                slot=slot,
+                p=p,
+                already=already,
+            ),
             True,
         )
     if missing:
@@ -476,16 +534,27 @@ def _why_free(
         p = position[slot]
         if p < already:
             return (
-                f"Your result keeps slot {slot}, at position {p} of indices: insert_prefix found that token "
-                f"already in the tree (already_cached = {already}); does the tree want this request's copy?",
+                tr(
+                    "Your result keeps slot {slot}, at position {p} of indices: insert_prefix found that token "
+                    "already in the tree (already_cached = {already}); does the tree want this request's copy?",
+                    slot=slot,
+                    p=p,
+                    already=already,
+                ),
                 False,
             )
         return (
-            f"Your result keeps slot {slot}, at position {p} of indices; with page_size {page_size} "
-            f"the prompt's whole pages end at position {inserted_end}: what does insert_prefix do with the rest?",
+            tr(
+                "Your result keeps slot {slot}, at position {p} of indices; with page_size {page_size} "
+                "the prompt's whole pages end at position {end}: what does insert_prefix do with the rest?",
+                slot=slot,
+                p=p,
+                page_size=page_size,
+                end=inserted_end,
+            ),
             False,
         )
-    return "The right slots, in another order: give them in the order they appear in indices.", False
+    return tr("The right slots, in another order: give them in the order they appear in indices."), False
 
 
 def _scenario_case(scenario: Scenario, run: Callable[[_F, Scenario], None]) -> Case:
@@ -573,11 +642,15 @@ def _show_scenario(scenario: Scenario) -> str:
             words.append(f"admit {event.name} = {list(event.ids)}")
         else:
             words.append(f"finish {event.name}")
-    return f"page_size {scenario.page_size}, {scenario.num_pages} pages: " + "; ".join(words)
+    return tr(
+        "page_size {page_size}, {pages} pages: {events}",
+        page_size=scenario.page_size,
+        pages=scenario.num_pages,
+        events="; ".join(words),
+    )
 
 
 def _random_scenarios(kind: str, run: Callable[[_F, Scenario], None], seed: int) -> Case:
-    what = {"serve": "request histories", "admit": "cache states", "finish": "overlapping requests"}[kind]
     plain = _draw_scenario(kind)
 
     def short_pool(rng: random.Random, size: int) -> Scenario:
@@ -587,10 +660,18 @@ def _random_scenarios(kind: str, run: Callable[[_F, Scenario], None], seed: int)
         longest = max(-(-len(e.ids) // ps) for e in scenario.events if e.ids)
         return dataclasses.replace(scenario, num_pages=max(1, longest + rng.choice((-1, 0, 0, 1))))
 
-    classes = () if kind == "finish" else (("a pool that runs short", short_pool),)
+    classes = () if kind == "finish" else ((tr("a pool that runs short"), short_pool),)
+    what = {
+        "serve": tr("{count} random request histories", count=SCENARIO_DRAWS),
+        "admit": tr("{count} random cache states", count=SCENARIO_DRAWS),
+        "finish": tr("{count} random overlapping requests", count=SCENARIO_DRAWS),
+    }[kind]
     return random_case(
-        f"{SCENARIO_DRAWS} random {what}: page sizes 1-4, tight pools (many exactly as large as the longest "
-        "request, or a page short), token ids up to 2^20",
+        tr(
+            "{what}: page sizes 1-4, tight pools (many exactly as large as the longest "
+            "request, or a page short), token ids up to 2^20",
+            what=what,
+        ),
         Draw(plain, run, _show_scenario, _shrink_scenario, lambda s: s.size, classes=classes),
         seed=seed,
         max_size=12,
@@ -606,10 +687,12 @@ def _no_evict_from(error: BaseException | None) -> None:
     """An OutOfSlotsError where minikv succeeded: most likely ``pool.allocate`` was not given ``evict_from``."""
     if isinstance(error, OutOfSlotsError):
         raise Mismatch(
-            "your code ran out of slots where minikv's did not: the pool was short of free pages, "
-            "but the tree held unlocked prefixes that could be evicted. Call "
-            "pool.allocate(n, evict_from=manager): without evict_from the pool cannot evict anything.",
-            "the request admitted (after evicting)",
+            tr(
+                "your code ran out of slots where minikv's did not: the pool was short of free pages, "
+                "but the tree held unlocked prefixes that could be evicted. Call "
+                "pool.allocate(n, evict_from=manager): without evict_from the pool cannot evict anything."
+            ),
+            tr("the request admitted (after evicting)"),
             outcome(error),
         )
 
@@ -622,7 +705,7 @@ def _no_evict_from(error: BaseException | None) -> None:
     "steps 1-3: match, lock, allocate",
 )
 def _admit_cases() -> list[Case]:
-    return [_scenario_case(s, _run_admit) for s in ADMIT_SCENARIOS] + [
+    return [_scenario_case(s, _run_admit) for s in _admit_scenarios()] + [
         _random_scenarios("admit", _run_admit, seed=1000)
     ]
 
@@ -643,21 +726,23 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
     expect_unchanged(("input_ids",), (_ids(ids),), (given,))
     if expected is None:
         if not isinstance(error, OutOfSlotsError):
-            what = outcome(error, returned="returned normally")
+            what = outcome(error, returned=tr("returned normally"))
             raise Mismatch(
-                "the pool cannot supply enough slots even after evicting every unlocked prefix, "
-                "so admit must fail with OutOfSlotsError (as pool.allocate does). "
-                "Did you lock the match before allocating?",
+                tr(
+                    "the pool cannot supply enough slots even after evicting every unlocked prefix, "
+                    "so admit must fail with OutOfSlotsError (as pool.allocate does). "
+                    "Did you lock the match before allocating?"
+                ),
                 "OutOfSlotsError",
                 what,
             )
         if mine.manager.size_info.protected_size:
             raise Mismatch(
-                "after the failed allocation the match is still locked: unlock it before letting the error out.",
+                tr("after the failed allocation the match is still locked: unlock it before letting the error out."),
                 "protected_size 0",
                 f"protected_size {mine.manager.size_info.protected_size}",
             )
-        compare_worlds(ref, mine, "after the failed admit")
+        compare_worlds(ref, mine, tr("after the failed admit"))
         return
     _no_evict_from(error)
     if error is not None:
@@ -665,58 +750,118 @@ def _run_admit(fn: _F, scenario: Scenario) -> None:
     handle, indices = _unpack_admit(result)
     if handle.cached_len > expected.cached_len:
         raise Mismatch(
-            "the handle matched more than a server may: match input_ids[:-1], "
-            "so that at least the last token is computed.",
+            tr(
+                "the handle matched more than a server may: match input_ids[:-1], "
+                "so that at least the last token is computed."
+            ),
             str(expected.cached_len),
             str(handle.cached_len),
         )
     if handle.cached_len != expected.cached_len:
-        raise Mismatch("the handle's cached_len is wrong.", str(expected.cached_len), str(handle.cached_len))
+        raise Mismatch(tr("the handle's cached_len is wrong."), str(expected.cached_len), str(handle.cached_len))
     if indices.tolist()[: expected.cached_len] != expected.indices.tolist()[: expected.cached_len]:
         where, exp_text, got_text = diff(expected.indices.tolist(), indices.tolist())
         raise Mismatch(
-            f"the first cached_len slots must be the matched prefix's slots, in order: {where}.", exp_text, got_text
+            tr("the first cached_len slots must be the matched prefix's slots, in order: {where}.", where=where),
+            exp_text,
+            got_text,
         )
     if sorted(indices.tolist()[expected.cached_len :]) != sorted(expected.own_slots().tolist()) or len(indices) != len(
         ids
     ):
         where, exp_text, got_text = diff(expected.indices.tolist(), indices.tolist())
         raise Mismatch(
-            f"the request needs {len(ids) - expected.cached_len} new slots "
-            f"from pool.allocate(..., evict_from=manager), after the matched ones: {where}.",
+            tr(
+                "the request needs {count} new slots "
+                "from pool.allocate(..., evict_from=manager), after the matched ones: {where}.",
+                count=len(ids) - expected.cached_len,
+                where=where,
+            ),
             exp_text,
             got_text,
         )
     _trees.compare(_trees.snapshot(ref.manager), _trees.snapshot(mine.manager), values=True, times=True)
     if mine.pool.num_free_pages != ref.pool.num_free_pages:
         raise Mismatch(
-            "after your admit the pool should have "
-            f"{ref.pool.num_free_pages} free pages: allocate exactly the uncached tokens' slots, once.",
+            tr(
+                "after your admit the pool should have "
+                "{free} free pages: allocate exactly the uncached tokens' slots, once.",
+                free=ref.pool.num_free_pages,
+            ),
             str(ref.pool.num_free_pages),
             str(mine.pool.num_free_pages),
         )
+    _admit_again(fn, scenario, indices)
     mine.running["A"] = Request(expected.input_ids, handle, indices)
-    check_accounting(mine, "after your admit")
+    check_accounting(mine, tr("after your admit"))
     for world, request in ((mine, mine.running.pop("A")), (ref, expected)):
         _lifecycle.finish(world.manager, world.pool, request)
     if mine.manager.size_info.protected_size:
         raise Mismatch(
-            "after the request finished (one unlock), part of the tree is still locked: lock the handle exactly once.",
+            tr(
+                "after the request finished (one unlock), part of the tree is still locked: "
+                "lock the handle exactly once."
+            ),
             "protected_size 0",
             f"protected_size {mine.manager.size_info.protected_size}",
         )
 
 
+def _admit_again(fn: _F, scenario: Scenario, first: torch.Tensor) -> None:
+    """A request keeps the ``indices`` admit gave it until it finishes, so each call must return a tensor of
+    its own. Admit the same prompt again, into a twin of the world: its indices must share no memory with
+    the first call's, and leave them as they were (a reused buffer gives equal slots here, and other slots,
+    written over the first request's, as soon as the next prompt differs)."""
+    kept = first.clone()
+    twin = World(scenario)
+    for event in scenario.events[:-1]:
+        with contextlib.suppress(OutOfSlotsError):  # as in the first world: a request too large fails there too
+            _lifecycle.serve(twin.manager, twin.pool, list(event.ids), twin.kv_cache, kv_fn)
+    result, error = raised(fn, twin.manager, twin.pool, _ids(scenario.events[-1].ids))
+    if error is not None:
+        raise unexpected(error)
+    _, again = _unpack_admit(result)
+    if again is first or _overlap(again, first) or not torch.equal(first, kept):
+        raise Mismatch(
+            tr(
+                "a second admit (the same prompt, on a twin of this cache) returned indices that share memory "
+                "with the first call's: the first request still runs and holds its indices, so the next admit "
+                "would write its slots over the first request's. Return a new tensor from every call "
+                "(torch.cat makes one)."
+            ),
+            tr("a tensor of its own for each request"),
+            tr("the two requests' indices in the same memory"),
+        )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share a byte of memory (views of one tensor, by any route, do when they overlap)."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        low = high = t.data_ptr()
+        for n, stride in zip(t.shape, t.stride(), strict=True):
+            reach = (n - 1) * stride * t.element_size()
+            low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+        return low, high + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise Mismatch("return a pair (handle, indices).", "(handle, indices)", repr(result))
+        raise Mismatch(tr("return a pair (handle, indices)."), "(handle, indices)", repr(result))
     handle, indices = result
     if not isinstance(handle, RadixCacheHandle):
         raise Mismatch(
-            "the first element must be the handle match_prefix returned.", "a RadixCacheHandle", type(handle).__name__
+            tr("the first element must be the handle match_prefix returned."),
+            tr("a RadixCacheHandle"),
+            type(handle).__name__,
         )
     if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point:
-        raise Mismatch("the second element must be an integer tensor of slots.", "a tensor", repr(indices))
+        raise Mismatch(tr("the second element must be an integer tensor of slots."), tr("a tensor"), repr(indices))
     return handle, indices
 
 
@@ -728,7 +873,7 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
     "steps 4, 5 and 7: insert, free the duplicates, unlock",
 )
 def _finish_cases() -> list[Case]:
-    return [_scenario_case(s, _run_finish) for s in FINISH_SCENARIOS] + [
+    return [_scenario_case(s, _run_finish) for s in _finish_scenarios()] + [
         _random_scenarios("finish", _run_finish, seed=1100)
     ]
 
@@ -745,26 +890,39 @@ def _run_finish(fn: _F, scenario: Scenario) -> None:
                 mine.admit(event.name, event.ids)
             except OutOfSlotsError:
                 raise Mismatch(
-                    f"request {event.name} could not get its slots, although minikv's pool had them: "
-                    "an earlier finish kept slots that it should have given back.",
-                    f"{ref.pool.num_free_pages} free pages",
-                    f"{mine.pool.num_free_pages} free pages",
+                    tr(
+                        "request {name} could not get its slots, although minikv's pool had them: "
+                        "an earlier finish kept slots that it should have given back.",
+                        name=event.name,
+                    ),
+                    tr("{free} free pages", free=ref.pool.num_free_pages),
+                    tr("{free} free pages", free=mine.pool.num_free_pages),
                 ) from None
         else:
-            when = f"after your finish of request {event.name}"
+            when = tr("after your finish of request {name}", name=event.name)
             theirs, request = ref.running.pop(event.name), mine.running.pop(event.name)
             expected = _lifecycle.finish(ref.manager, ref.pool, theirs)
             args = (_ids(request.input_ids.tolist()), request.handle, request.indices)
             before = keep(args[0]), keep(args[2])
-            got = expect_int("finish's result", call(fn, mine.manager, mine.pool, *args))
+            got = expect_int(tr("finish's result"), call(fn, mine.manager, mine.pool, *args))
             expect_unchanged(("input_ids", "indices"), before, (args[0], args[2]))
             if got != expected:
-                raise Mismatch(f"{when}: return what insert_prefix returned (already_cached).", str(expected), str(got))
+                raise Mismatch(
+                    tr("{when}: return what insert_prefix returned (already_cached).", when=when),
+                    str(expected),
+                    str(got),
+                )
             check_accounting(mine, when)
             compare_worlds(ref, mine, when)
             locked = mine.manager.size_info.protected_size - ref.manager.size_info.protected_size
             if locked:
-                raise Mismatch(f"{when}, {locked} slots are still locked: unlock the request's handle (step 7).")
+                raise Mismatch(
+                    tr(
+                        "{when}, {locked} slots are still locked: unlock the request's handle (step 7).",
+                        when=when,
+                        locked=locked,
+                    )
+                )
 
 
 # -- lifecycle.serve -----------------------------------------------------------------
@@ -775,7 +933,7 @@ def _run_finish(fn: _F, scenario: Scenario) -> None:
     "all seven steps of one request",
 )
 def _serve_cases() -> list[Case]:
-    return [_scenario_case(s, _run_serve) for s in SERVE_SCENARIOS] + [
+    return [_scenario_case(s, _run_serve) for s in _serve_scenarios()] + [
         _random_scenarios("serve", _run_serve, seed=1200)
     ]
 
@@ -842,7 +1000,8 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
     mine, ref = World(scenario), World(scenario)
     watched = _WatchedCache(mine.kv_cache, mine.manager, mine.pool)
     for number, event in enumerate(scenario.events, 1):
-        when = f"after request {number} ({list(event.ids)})"
+        prompt = list(event.ids)
+        when = tr("after request {number} ({prompt})", number=number, prompt=prompt)
         try:
             expected: int | None = _lifecycle.serve(
                 ref.manager, ref.pool, list(event.ids), ref.kv_cache, kv_fn
@@ -859,11 +1018,16 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
         if watched.into_the_pool:
             slot = watched.into_the_pool[0]
             raise Mismatch(
-                f"request {number} ({list(event.ids)}) wrote K/V into slot {slot} after that slot had gone back "
-                "to the pool: the pool may hand it to the next request, and a free slot's contents mean nothing. "
-                "In what order does a server run the forward pass and the request's end?",
-                "every store_kv into a slot the request still holds",
-                f"store_kv into slot {slot}, which the pool held at that moment",
+                tr(
+                    "request {number} ({prompt}) wrote K/V into slot {slot} after that slot had gone back "
+                    "to the pool: the pool may hand it to the next request, and a free slot's contents mean "
+                    "nothing. In what order does a server run the forward pass and the request's end?",
+                    number=number,
+                    prompt=prompt,
+                    slot=slot,
+                ),
+                tr("every store_kv into a slot the request still holds"),
+                tr("store_kv into slot {slot}, which the pool held at that moment", slot=slot),
             )
         unwritten = [
             (layer, slot)
@@ -874,12 +1038,21 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
         if unwritten and error is None:
             layer, slot = unwritten[0]
             raise Mismatch(
-                f"request {number} ({list(event.ids)}) got slot {slot} from pool.allocate, but nothing was "
-                f"stored into it in layer {layer}: every new slot must receive its token's K and V in every layer "
-                "before anyone may read it.",
-                f"a store_kv into slot {slot} in layer {layer}",
-                f"layers written into slot {slot}: "
-                f"{[x for x in range(LAYERS) if slot in watched.by_layer.get(x, set())]}",
+                tr(
+                    "request {number} ({prompt}) got slot {slot} from pool.allocate, but nothing was "
+                    "stored into it in layer {layer}: every new slot must receive its token's K and V in every "
+                    "layer before anyone may read it.",
+                    number=number,
+                    prompt=prompt,
+                    slot=slot,
+                    layer=layer,
+                ),
+                tr("a store_kv into slot {slot} in layer {layer}", slot=slot, layer=layer),
+                tr(
+                    "layers written into slot {slot}: {layers}",
+                    slot=slot,
+                    layers=[x for x in range(LAYERS) if slot in watched.by_layer.get(x, set())],
+                ),
             )
         survived = tree_before - watched.evicted  # cached before, and never handed out again
         overwritten = sorted(watched.written & survived)
@@ -893,36 +1066,49 @@ def _run_serve(fn: _F, scenario: Scenario) -> None:
         if overwritten or changed:
             slot = (overwritten or changed)[0]
             raise Mismatch(
-                f"request {number} ({list(event.ids)}) wrote into slot {slot}, which holds a cached prefix the "
-                "tree keeps: other requests read those slots, so they must stay as they are (even rewritten "
-                "with equal values). Which part of indices did the request match, and which part is its own?",
-                "writes only into the request's own new slots",
-                f"writes into {len(overwritten or changed)} cached slot(s), e.g. {slot}",
+                tr(
+                    "request {number} ({prompt}) wrote into slot {slot}, which holds a cached prefix the "
+                    "tree keeps: other requests read those slots, so they must stay as they are (even rewritten "
+                    "with equal values). Which part of indices did the request match, and which part is its own?",
+                    number=number,
+                    prompt=prompt,
+                    slot=slot,
+                ),
+                tr("writes only into the request's own new slots"),
+                tr("writes into {count} cached slot(s), e.g. {slot}", count=len(overwritten or changed), slot=slot),
             )
         if expected is None:
             if not isinstance(error, OutOfSlotsError):
-                what = outcome(error, returned="returned normally")
+                what = outcome(error, returned=tr("returned normally"))
                 raise Mismatch(
-                    f"request {number} cannot get enough slots even after evicting every unlocked prefix: "
-                    "it must fail with OutOfSlotsError. (Did you lock the match before allocating?)",
+                    tr(
+                        "request {number} cannot get enough slots even after evicting every unlocked prefix: "
+                        "it must fail with OutOfSlotsError. (Did you lock the match before allocating?)",
+                        number=number,
+                    ),
                     "OutOfSlotsError",
                     what,
                 )
-            when = f"after request {number} failed"
+            when = tr("after request {number} failed", number=number)
         else:
             _no_evict_from(error)
             if error is not None:
                 raise unexpected(error)
-            got = expect_int("serve's result (the number of cached tokens)", got)
+            got = expect_int(tr("serve's result (the number of cached tokens)"), got)
             if got != expected:
                 raise Mismatch(
-                    f"request {number}: return how many prompt tokens came from the cache.", str(expected), str(got)
+                    tr("request {number}: return how many prompt tokens came from the cache.", number=number),
+                    str(expected),
+                    str(got),
                 )
             check_kv(mine, event.ids, when)
         if mine.manager.size_info.protected_size:
             raise Mismatch(
-                f"{when}, {mine.manager.size_info.protected_size} slots are still locked: "
-                "every lock needs its unlock, also when allocation fails."
+                tr(
+                    "{when}, {locked} slots are still locked: every lock needs its unlock, also when allocation fails.",
+                    when=when,
+                    locked=mine.manager.size_info.protected_size,
+                )
             )
         check_accounting(mine, when)
         compare_worlds(ref, mine, when)

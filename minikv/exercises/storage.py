@@ -22,6 +22,7 @@ import torch
 
 from ..base import KVCacheLayout
 from ..kernels import store as _store_module
+from ..language import tr
 from ..mha_pool import MHAKVCache
 from ._core import (
     Case,
@@ -60,17 +61,17 @@ def _device() -> torch.device:
 @exercise("storage.tp_head_range", "which KV heads one tensor-parallel rank stores")
 def _tp_cases() -> list[Case]:
     splits = [
-        ("a single GPU stores all 8 heads", 8, 0, 1),
-        ("1 head, 1 GPU", 1, 0, 1),
-        ("8 heads over 4 GPUs, rank 1", 8, 1, 4),
-        ("8 heads over 4 GPUs, the last rank", 8, 3, 4),
-        ("6 heads over 3 GPUs, rank 2", 6, 2, 3),
-        ("32 heads over 8 GPUs, rank 5", 32, 5, 8),
-        ("8 heads over 8 GPUs: one head each, rank 7", 8, 7, 8),
+        (tr("a single GPU stores all 8 heads"), 8, 0, 1),
+        (tr("1 head, 1 GPU"), 1, 0, 1),
+        (tr("8 heads over 4 GPUs, rank 1"), 8, 1, 4),
+        (tr("8 heads over 4 GPUs, the last rank"), 8, 3, 4),
+        (tr("6 heads over 3 GPUs, rank 2"), 6, 2, 3),
+        (tr("32 heads over 8 GPUs, rank 5"), 32, 5, 8),
+        (tr("8 heads over 8 GPUs: one head each, rank 7"), 8, 7, 8),
     ]
     errors = [
-        ("6 heads cannot be split evenly over 4 GPUs: raise ValueError", 6, 0, 4),
-        ("rank 4 does not exist when tp_size is 4: raise ValueError", 8, 4, 4),
+        (tr("6 heads cannot be split evenly over 4 GPUs: raise ValueError"), 6, 0, 4),
+        (tr("rank 4 does not exist when tp_size is 4: raise ValueError"), 8, 4, 4),
     ]
 
     def make(desc: str, heads: int, rank: int, size: int) -> Case:
@@ -80,8 +81,12 @@ def _tp_cases() -> list[Case]:
                 heads, 1, 1, 1, torch.float32, KVCacheLayout.LayerFirst, "cpu", tp_rank=rank, tp_size=size
             ).head_range
             if not isinstance(got, (range, list, tuple)):
-                raise Mismatch("return a range of head numbers.", repr(expected), f"{type(got).__name__}: {got!r}")
-            expect_equal(f"the heads of rank {rank} of {size} (of {heads} KV heads)", list(expected), list(got))
+                raise Mismatch(tr("return a range of head numbers."), repr(expected), f"{type(got).__name__}: {got!r}")
+            expect_equal(
+                tr("the heads of rank {rank} of {size} (of {heads} KV heads)", rank=rank, size=size, heads=heads),
+                list(expected),
+                list(got),
+            )
 
         return Case(desc, heads, run)
 
@@ -96,7 +101,16 @@ def _tp_cases() -> list[Case]:
             got, error = raised(fn, heads, rank, size)
             if not isinstance(error, ValueError):
                 what = outcome(error, got)
-                raise Mismatch(f"tp_head_range({heads}, {rank}, {size}) must raise ValueError.", "ValueError", what)
+                raise Mismatch(
+                    tr(
+                        "tp_head_range({heads}, {rank}, {size}) must raise ValueError.",
+                        heads=heads,
+                        rank=rank,
+                        size=size,
+                    ),
+                    "ValueError",
+                    what,
+                )
 
         return Case(desc, heads, run)
 
@@ -134,14 +148,17 @@ def _tp_cases() -> list[Case]:
         + [make_error(*s) for s in errors]
         + [
             random_case(
-                f"{TP_DRAWS} random splits, possible and impossible (negative ranks, ranks past the end, uneven "
-                "splits, one GPU, more GPUs than heads, tp_size 0 or negative)",
+                tr(
+                    "{count} random splits, possible and impossible (negative ranks, ranks past the end, uneven "
+                    "splits, one GPU, more GPUs than heads, tp_size 0 or negative)",
+                    count=TP_DRAWS,
+                ),
                 Draw(
                     draw,
                     run_one,
                     lambda a: f"tp_head_range({a[0]}, {a[1]}, {a[2]})",
                     shrink,
-                    classes=(("a degenerate configuration", degenerate),),
+                    classes=((tr("a degenerate configuration"), degenerate),),
                 ),
                 seed=700,
                 max_size=30,
@@ -161,11 +178,11 @@ TP_DRAWS, VIEW_DRAWS, MAPPING_DRAWS = 1500, 1000, 3000
 @exercise("storage.page_first_view", "the layer-first view of a page-first buffer, without copying")
 def _view_cases() -> list[Case]:
     shapes = [
-        ("3 pages, 2 layers, 1 head, head_dim 4", 3, 2, 1, 4),
-        ("5 pages, 3 layers, 2 heads, head_dim 8", 5, 3, 2, 8),
-        ("7 pages, 4 layers, 3 heads, head_dim 24", 7, 4, 3, 24),
-        ("a single page, 3 layers", 1, 3, 2, 2),
-        ("a single layer, 4 pages", 4, 1, 2, 2),
+        (tr("3 pages, 2 layers, 1 head, head_dim 4"), 3, 2, 1, 4),
+        (tr("5 pages, 3 layers, 2 heads, head_dim 8"), 5, 3, 2, 8),
+        (tr("7 pages, 4 layers, 3 heads, head_dim 24"), 7, 4, 3, 24),
+        (tr("a single page, 3 layers"), 1, 3, 2, 2),
+        (tr("a single layer, 4 pages"), 4, 1, 2, 2),
     ]
 
     def make(desc: str, pages: int, layers: int, heads: int, dim: int) -> Case:
@@ -181,13 +198,21 @@ def _view_cases() -> list[Case]:
 
     def show(value: tuple[Any, ...]) -> str:
         pages, layers, heads, dim, dtype, kind = value
-        where = {"contiguous": "its own contiguous memory", "offset": "a slice of a larger tensor",
-                 "strided": "a view whose head_dim stride is 2"}[kind]  # fmt: skip
-        return f"a {dtype} buffer of {pages} pages, {layers} layers, {heads} heads, head_dim {dim}, in {where}"
+        where = {"contiguous": tr("its own contiguous memory"), "offset": tr("a slice of a larger tensor"),
+                 "strided": tr("a view whose head_dim stride is 2")}[kind]  # fmt: skip
+        return tr(
+            "a {dtype} buffer of {pages} pages, {layers} layers, {heads} heads, head_dim {dim}, in {where}",
+            dtype=dtype,
+            pages=pages,
+            layers=layers,
+            heads=heads,
+            dim=dim,
+            where=where,
+        )
 
     return [make(*s) for s in shapes] + [
         random_case(
-            f"{VIEW_DRAWS} random buffers: any shape, dtype, storage offset and strides",
+            tr("{count} random buffers: any shape, dtype, storage offset and strides", count=VIEW_DRAWS),
             Draw(draw, lambda fn, v: _check_view(fn, v[:4], v[4], v[5]), show, shrink),
             seed=600,
             max_size=18,
@@ -229,33 +254,37 @@ def _check_view(fn: _F, dims: tuple[int, ...], dtype: torch.dtype = torch.float3
     original, memory = buffer.clone(), torch.empty(0, dtype=torch.uint8).set_(whole).clone()
     got = call(fn, buffer)
     if not isinstance(got, torch.Tensor):
-        raise Mismatch("return a tensor.", "a torch.Tensor", type(got).__name__)
+        raise Mismatch(tr("return a tensor."), "a torch.Tensor", type(got).__name__)
     expect_equal(
-        "the view's shape (2, layers, pages, heads, head_dim)", (2, layers, pages, heads, dim), tuple(got.shape)
+        tr("the view's shape (2, layers, pages, heads, head_dim)"), (2, layers, pages, heads, dim), tuple(got.shape)
     )
     if not torch.equal(buffer, original) or not torch.equal(torch.empty(0, dtype=torch.uint8).set_(whole), memory):
-        raise Mismatch("your function changed the buffer's memory; a view only looks at it.")
+        raise Mismatch(tr("your function changed the buffer's memory; a view only looks at it."))
     expected = buffer.permute(0, 2, 1, 3, 4)
     if not torch.equal(got, expected):
         exact = dtype in (torch.float64, torch.float32, torch.int64, torch.int32) or buffer.numel() <= 256
         raise Mismatch(
             _describe_wrong_view(got, expected, buffer)
             if exact and kind == "contiguous"
-            else "your view does not show buffer[kv, page, layer] at view[kv, layer, page]: "
-            "the layers and pages must swap places, whatever the buffer's strides and offset.",
+            else tr(
+                "your view does not show buffer[kv, page, layer] at view[kv, layer, page]: "
+                "the layers and pages must swap places, whatever the buffer's strides and offset."
+            ),
             "view[kv, layer, page] == buffer[kv, page, layer]",
-            "other elements (see above)",
+            tr("other elements (see above)"),
         )
     if not _inside(got, whole):
         raise Mismatch(
-            "your result is a copy, not a view: the store kernel would write into the copy "
-            "and the cache would never see it.",
-            "a tensor that shares the buffer's memory",
-            "a tensor with memory of its own",
+            tr(
+                "your result is a copy, not a view: the store kernel would write into the copy "
+                "and the cache would never see it."
+            ),
+            tr("a tensor that shares the buffer's memory"),
+            tr("a tensor with memory of its own"),
         )
     got[1, layers - 1, 0, heads - 1, dim - 1] = 7
     if buffer[1, 0, layers - 1, heads - 1, dim - 1].item() != 7:
-        raise Mismatch("writing through your view did not change the buffer where it should have.")
+        raise Mismatch(tr("writing through your view did not change the buffer where it should have."))
 
 
 def _inside(view: torch.Tensor, storage: torch.UntypedStorage) -> bool:
@@ -277,13 +306,26 @@ def _describe_wrong_view(got: torch.Tensor, expected: torch.Tensor, buffer: torc
     value = int(got[kv, layer, page, head, d].item())
     if 0 <= value < buffer.numel():
         skv, spage, slayer, shead, sd = _unravel(value, tuple(buffer.shape))
-        source = f"buffer[{skv}, page {spage}, layer {slayer}, head {shead}, {sd}]"
+        source = tr(
+            "buffer[{kv}, page {page}, layer {layer}, head {head}, {d}]",
+            kv=skv,
+            page=spage,
+            layer=slayer,
+            head=shead,
+            d=sd,
+        )
     else:
-        source = f"the value {value}, which is not in the buffer at all"
-    return (
-        f"view[{kv}, layer {layer}, page {page}, head {head}, {d}] should be "
-        f"buffer[{kv}, page {page}, layer {layer}, head {head}, {d}], "
-        f"but it is {source}. A reshape or view keeps the memory order; the layers and pages must swap places instead."
+        source = tr("the value {value}, which is not in the buffer at all", value=value)
+    return tr(
+        "view[{kv}, layer {layer}, page {page}, head {head}, {d}] should be "
+        "buffer[{kv}, page {page}, layer {layer}, head {head}, {d}], "
+        "but it is {source}. A reshape or view keeps the memory order; the layers and pages must swap places instead.",
+        kv=kv,
+        layer=layer,
+        page=page,
+        head=head,
+        d=d,
+        source=source,
     )
 
 
@@ -301,13 +343,13 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
 @exercise("storage.slot_mapping", "the slot of each token position, from a request's page table")
 def _slot_mapping_cases() -> list[Case]:
     settings = [
-        ("page_size 1: one page per token", [5, 2, 9, 0], 0, 4, 1),
-        ("nothing to map (start == end)", [3, 1], 2, 2, 4),
-        ("page_size 4, positions 0..9: the last page is half full", [2, 0, 7], 0, 10, 4),
-        ("a decode step: only position 9, in the third page", [2, 0, 7], 9, 10, 4),
-        ("positions 5..12 start inside a page and cross two page borders", [6, 3, 1, 4], 5, 13, 4),
-        ("page_size 16, pages in descending order", [40, 30, 20, 10], 0, 50, 16),
-        ("page_size 3 (not a power of two)", [4, 8, 1, 0, 5], 2, 14, 3),
+        (tr("page_size 1: one page per token"), [5, 2, 9, 0], 0, 4, 1),
+        (tr("nothing to map (start == end)"), [3, 1], 2, 2, 4),
+        (tr("page_size 4, positions 0..9: the last page is half full"), [2, 0, 7], 0, 10, 4),
+        (tr("a decode step: only position 9, in the third page"), [2, 0, 7], 9, 10, 4),
+        (tr("positions 5..12 start inside a page and cross two page borders"), [6, 3, 1, 4], 5, 13, 4),
+        (tr("page_size 16, pages in descending order"), [40, 30, 20, 10], 0, 50, 16),
+        (tr("page_size 3 (not a power of two)"), [4, 8, 1, 0, 5], 2, 14, 3),
     ]
 
     def make(desc: str, table: list[int], start: int, end: int, page_size: int) -> Case:
@@ -345,15 +387,18 @@ def _slot_mapping_cases() -> list[Case]:
 
     return [make(*s) for s in settings] + [
         random_case(
-            f"{MAPPING_DRAWS} random page tables (any page order, page ids up to 2^31 / page_size), "
-            "ranges that start and end mid-page, slots next to the int32 limit",
+            tr(
+                "{count} random page tables (any page order, page ids up to 2^31 / page_size), "
+                "ranges that start and end mid-page, slots next to the int32 limit",
+                count=MAPPING_DRAWS,
+            ),
             Draw(
                 draw,
                 lambda fn, a: _check_slot_mapping(fn, *a),
                 show,
                 shrink,
                 lambda a: a[2] - a[1],
-                classes=(("slots next to the int32 limit", _draw_top_slots),),
+                classes=((tr("slots next to the int32 limit"), _draw_top_slots),),
             ),
             seed=800,
             max_size=20,
@@ -380,13 +425,20 @@ def _check_slot_mapping(fn: _F, table: tuple[int, ...], start: int, end: int, pa
     else:  # too large a cache to allocate: the definition, in Python ints
         expected = [table[p // page_size] * page_size + p % page_size for p in range(start, end)]
     if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or got.dim() != 1:
-        raise Mismatch("return a 1-D integer tensor of slots.", "1-D int tensor", repr(got))
+        raise Mismatch(tr("return a 1-D integer tensor of slots."), tr("1-D int tensor"), repr(got))
     got_list = got.tolist()
     if got_list != expected:
         where, exp_text, got_text = diff(expected, got_list)
         raise Mismatch(
-            f"the slots of positions {start}..{end - 1} with page_size {page_size} "
-            f"and page table {list(table)[:12]}{'...' if len(table) > 12 else ''} are wrong: {where}.",
+            tr(
+                "the slots of positions {start}..{last} with page_size {page_size} "
+                "and page table {table} are wrong: {where}.",
+                start=start,
+                last=end - 1,
+                page_size=page_size,
+                table=f"{list(table)[:12]}{'...' if len(table) > 12 else ''}",
+                where=where,
+            ),
             exp_text,
             got_text,
         )
@@ -432,40 +484,44 @@ class StoreSetup:
     seed: int = 0
 
 
-STORE_SETUPS = [
-    StoreSetup("one token, page_size 1, 1 head of 4 values", 1, heads=1, head_dim=4, num_pages=8),
-    StoreSetup("5 tokens into random slots, 2 heads of 8", 5, seed=1),
-    StoreSetup("no tokens at all: nothing is written (and nothing crashes)", 0),
-    StoreSetup("70 tokens (one more block than 64), 3 heads of 24: nothing is a power of two",
-               70, heads=3, head_dim=24, num_pages=96, seed=2),
-    StoreSetup("page_size 4: slot s is row s % 4 of page s // 4", 10, page_size=4, num_pages=8, seed=3),
-    StoreSetup("a layer of a page-first buffer: the cache's pages are far apart in memory",
-               12, page_size=2, num_pages=12, layout="page_first", seed=4),
-    StoreSetup("K and V are slices of one fused QKV tensor", 9, source="fused_qkv", seed=5),
-    StoreSetup("K comes from a fused QKV tensor, V is contiguous: their strides differ", 9, source="mixed", seed=6),
-    StoreSetup("K and V are transposed views (heads-major in memory)", 9, source="heads_major", seed=7),
-    StoreSetup("float16", 16, dtype=torch.float16, seed=8),
-    StoreSetup("bfloat16", 16, dtype=torch.bfloat16, seed=9),
-    StoreSetup("int64 slot indices", 16, index_dtype=torch.int64, seed=10),
-    StoreSetup("indices is a strided view (every other element of a longer tensor)",
-               6, num_pages=8, strided_indices=True, seed=14),
-    StoreSetup(
-        "130 tokens, page_size 16, page-first, bfloat16, fused QKV: everything at once",
-        130, heads=3, head_dim=12, page_size=16, num_pages=12, dtype=torch.bfloat16,
-        layout="page_first", source="fused_qkv", seed=11,
-    ),
-    StoreSetup("a slot one past the end of the cache: raise IndexError and write nothing",
-               4, num_pages=8, bad_slot=8, seed=12),
-    StoreSetup("a negative slot: raise IndexError and write nothing", 4, num_pages=8, bad_slot=-1, seed=13),
-    StoreSetup("the bad slot comes first: raise IndexError and write nothing",
-               5, num_pages=8, bad_slot=99, bad_position=0, seed=15),
-    StoreSetup("a cache whose head_dim stride is not 1 (heads are the fastest dimension in memory)",
-               7, heads=3, head_dim=5, page_size=2, num_pages=8, layout="transposed", seed=16),
-    StoreSetup("a cache whose rows are slices of longer rows: the gaps must stay untouched",
-               7, heads=2, head_dim=6, page_size=3, num_pages=6, layout="padded", seed=17),
-    StoreSetup("k and v whose head_dim stride is not 1", 8, heads=2, head_dim=6, source="strided_dim", seed=18),
-    StoreSetup("float64", 9, dtype=torch.float64, page_size=2, seed=19),
-]  # fmt: skip
+def _store_setups() -> list[StoreSetup]:
+    """The hand-made store cases, described in the learner's language."""
+    return [
+        StoreSetup(tr("one token, page_size 1, 1 head of 4 values"), 1, heads=1, head_dim=4, num_pages=8),
+        StoreSetup(tr("5 tokens into random slots, 2 heads of 8"), 5, seed=1),
+        StoreSetup(tr("no tokens at all: nothing is written (and nothing crashes)"), 0),
+        StoreSetup(tr("70 tokens (one more block than 64), 3 heads of 24: nothing is a power of two"),
+                   70, heads=3, head_dim=24, num_pages=96, seed=2),
+        StoreSetup(tr("page_size 4: slot s is row s % 4 of page s // 4"), 10, page_size=4, num_pages=8, seed=3),
+        StoreSetup(tr("a layer of a page-first buffer: the cache's pages are far apart in memory"),
+                   12, page_size=2, num_pages=12, layout="page_first", seed=4),
+        StoreSetup(tr("K and V are slices of one fused QKV tensor"), 9, source="fused_qkv", seed=5),
+        StoreSetup(tr("K comes from a fused QKV tensor, V is contiguous: their strides differ"),
+                   9, source="mixed", seed=6),
+        StoreSetup(tr("K and V are transposed views (heads-major in memory)"), 9, source="heads_major", seed=7),
+        StoreSetup("float16", 16, dtype=torch.float16, seed=8),
+        StoreSetup("bfloat16", 16, dtype=torch.bfloat16, seed=9),
+        StoreSetup(tr("int64 slot indices"), 16, index_dtype=torch.int64, seed=10),
+        StoreSetup(tr("indices is a strided view (every other element of a longer tensor)"),
+                   6, num_pages=8, strided_indices=True, seed=14),
+        StoreSetup(
+            tr("130 tokens, page_size 16, page-first, bfloat16, fused QKV: everything at once"),
+            130, heads=3, head_dim=12, page_size=16, num_pages=12, dtype=torch.bfloat16,
+            layout="page_first", source="fused_qkv", seed=11,
+        ),
+        StoreSetup(tr("a slot one past the end of the cache: raise IndexError and write nothing"),
+                   4, num_pages=8, bad_slot=8, seed=12),
+        StoreSetup(tr("a negative slot: raise IndexError and write nothing"), 4, num_pages=8, bad_slot=-1, seed=13),
+        StoreSetup(tr("the bad slot comes first: raise IndexError and write nothing"),
+                   5, num_pages=8, bad_slot=99, bad_position=0, seed=15),
+        StoreSetup(tr("a cache whose head_dim stride is not 1 (heads are the fastest dimension in memory)"),
+                   7, heads=3, head_dim=5, page_size=2, num_pages=8, layout="transposed", seed=16),
+        StoreSetup(tr("a cache whose rows are slices of longer rows: the gaps must stay untouched"),
+                   7, heads=2, head_dim=6, page_size=3, num_pages=6, layout="padded", seed=17),
+        StoreSetup(tr("k and v whose head_dim stride is not 1"), 8, heads=2, head_dim=6, source="strided_dim", seed=18),
+        StoreSetup("float64", 9, dtype=torch.float64, page_size=2, seed=19),
+    ]  # fmt: skip
+
 
 _LAYOUTS = ("contiguous", "page_first", "transposed", "padded")
 _SOURCES = ("contiguous", "fused_qkv", "mixed", "heads_major", "strided_dim")
@@ -523,13 +579,23 @@ def _run_store(fn: _F, setup: StoreSetup) -> None:
 
 def _show_store(setup: StoreSetup) -> str:
     s = setup
-    text = (
-        f"{s.num_tokens} tokens, {s.heads} heads of {s.head_dim}, page_size {s.page_size}, {s.num_pages} pages, "
-        f"{str(s.dtype).replace('torch.', '')}, cache layout {s.layout}, k/v {s.source}, "
-        f"indices {str(s.index_dtype).replace('torch.', '')}{' (a strided view)' if s.strided_indices else ''}"
+    text = tr(
+        "{tokens} tokens, {heads} heads of {head_dim}, page_size {page_size}, {pages} pages, "
+        "{dtype}, cache layout {layout}, k/v {source}, indices {index_dtype}",
+        tokens=s.num_tokens,
+        heads=s.heads,
+        head_dim=s.head_dim,
+        page_size=s.page_size,
+        pages=s.num_pages,
+        dtype=str(s.dtype).replace("torch.", ""),
+        layout=s.layout,
+        source=s.source,
+        index_dtype=str(s.index_dtype).replace("torch.", ""),
     )
+    if s.strided_indices:
+        text += tr(" (a strided view)")
     if s.bad_slot is not None:
-        text += f", slot {s.bad_slot} (out of range) at position {s.bad_position}"
+        text += tr(", slot {slot} (out of range) at position {position}", slot=s.bad_slot, position=s.bad_position)
     return text
 
 
@@ -607,12 +673,15 @@ class _Store:
             _, error = raised(fn, self.k_cache, self.v_cache, self.indices, self.k, self.v)
             explain_a_kernel_compiled_for_no_gpu(error)
             if not isinstance(error, IndexError):
-                what = outcome(error, returned="returned normally")
+                what = outcome(error, returned=tr("returned normally"))
                 raise Mismatch(
-                    f"slot {s.bad_slot} is outside the cache's {s.num_pages * s.page_size} slots: "
-                    "check the indices before launching "
-                    "(Triton does not check bounds) and raise IndexError.",
-                    "IndexError, nothing written",
+                    tr(
+                        "slot {slot} is outside the cache's {slots} slots: check the indices before launching "
+                        "(Triton does not check bounds) and raise IndexError.",
+                        slot=s.bad_slot,
+                        slots=s.num_pages * s.page_size,
+                    ),
+                    tr("IndexError, nothing written"),
                     what,
                 )
             self._check_guard()
@@ -625,9 +694,9 @@ class _Store:
             explain_a_kernel_compiled_for_no_gpu(learner.error)
             raise
         if not (torch.equal(self.k, k_before) and torch.equal(self.v, v_before)):
-            raise Mismatch("your function changed k or v; it should only read them.")
+            raise Mismatch(tr("your function changed k or v; it should only read them."))
         if not torch.equal(self.indices, indices_before):
-            raise Mismatch("your function changed indices; it should only read them.")
+            raise Mismatch(tr("your function changed indices; it should only read them."))
         if torch.equal(self.base, self.expected_base):  # every element as expected, guards included
             return
         self._check_guard()
@@ -640,9 +709,12 @@ class _Store:
             return
         where = int((self.base != self.expected_base).nonzero()[0, 0]) - self.guard
         raise Mismatch(
-            f"your code wrote where no target slot lives: element {where} of the cache's buffer "
-            "(another layer, or the gap between one head's row and the next) changed. "
-            "Use every one of the cache's strides, and the cache's own start, never a shape-based offset."
+            tr(
+                "your code wrote where no target slot lives: element {where} of the cache's buffer "
+                "(another layer, or the gap between one head's row and the next) changed. "
+                "Use every one of the cache's strides, and the cache's own start, never a shape-based offset.",
+                where=where,
+            )
         )
 
     def _check_guard(self) -> None:
@@ -650,8 +722,12 @@ class _Store:
         after = int((self.base[self.guard + self.cache_numel :] != FILL).sum())
         if before or after:
             raise Mismatch(
-                f"your code wrote outside the cache's memory ({before} values before it, {after} after it). "
-                "Check the page and row arithmetic and that every address uses the cache's strides."
+                tr(
+                    "your code wrote outside the cache's memory ({before} values before it, {after} after it). "
+                    "Check the page and row arithmetic and that every address uses the cache's strides.",
+                    before=before,
+                    after=after,
+                )
             )
 
     def _check_rows(self) -> None:
@@ -664,17 +740,22 @@ class _Store:
             exp_rows = expected.reshape(-1, s.heads * s.head_dim)
             bad = [int(i) for i in (got_rows != exp_rows).any(dim=1).nonzero().flatten()]
             slot = bad[0]
-            problem = (
-                f"slot {slot} (page {slot // ps}, row {slot % ps}) of the {name} cache should hold "
-                f"{self._identify(exp_rows[slot])}, but it holds {self._identify(got_rows[slot])}."
+            problem = tr(
+                "slot {slot} (page {page}, row {row}) of the {name} cache should hold {expected}, but it holds {got}.",
+                slot=slot,
+                page=slot // ps,
+                row=slot % ps,
+                name=name,
+                expected=self._identify(exp_rows[slot]),
+                got=self._identify(got_rows[slot]),
             )
             if len(bad) > 1:
-                problem += f" ({len(bad)} slots of the {name} cache are wrong.)"
+                problem += tr(" ({count} slots of the {name} cache are wrong.)", count=len(bad), name=name)
             shown = bad[:6]
             raise Mismatch(
                 problem,
-                "\n".join(f"slot {i}: {self._identify(exp_rows[i])}" for i in shown),
-                "\n".join(f"slot {i}: {self._identify(got_rows[i])}" for i in shown),
+                "\n".join(tr("slot {slot}: {row}", slot=i, row=self._identify(exp_rows[i])) for i in shown),
+                "\n".join(tr("slot {slot}: {row}", slot=i, row=self._identify(got_rows[i])) for i in shown),
             )
 
     def _identify(self, row: torch.Tensor) -> str:
@@ -684,12 +765,12 @@ class _Store:
             if src.shape[0]:
                 hits = (src.reshape(src.shape[0], -1) == flat).all(dim=1).nonzero().flatten()
                 if len(hits):
-                    return f"token {int(hits[0])}'s {label} row"
+                    return tr("token {token}'s {label} row", token=int(hits[0]), label=label)
         if bool((row == FILL).all()):
-            return "nothing (the value it had before the store)"
+            return tr("nothing (the value it had before the store)")
         if bool((row == FILL).any()):
-            return "a row that is only partly written"
-        return "values that are no token's K or V row (wrong strides?)"
+            return tr("a row that is only partly written")
+        return tr("values that are no token's K or V row (wrong strides?)")
 
 
 def _guarded_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -712,15 +793,160 @@ def _store_cases() -> list[Case]:
             setup.description, setup.num_tokens * setup.heads * setup.head_dim, lambda fn: _Store(setup).run(fn)
         )
 
-    return [make(setup) for setup in STORE_SETUPS] + [
-        random_case(
-            "16 random stores: any sizes, layouts, strides, dtypes and bad slots",
-            Draw(_draw_store, _run_store, _show_store, _shrink_store, lambda s: s.num_tokens * s.heads * s.head_dim),
-            seed=500,
-            max_size=40,
-            count=16,
+    far = (
+        [
+            Case(
+                tr(
+                    "a slot whose row lies 2^31 elements past the cache's start (a layer of a buffer that keeps "
+                    "each page's K and V rows side by side, float16): offsets need 64 bits"
+                ),
+                10**5,  # reported after the hand-made cases: a plainer failure is easier to debug
+                _run_far_store,
+            )
+        ]
+        if _far_store_possible()
+        else []
+    )
+    return (
+        [make(setup) for setup in _store_setups()]
+        + far
+        + [
+            random_case(
+                tr("{count} random stores: any sizes, layouts, strides, dtypes and bad slots", count=16),
+                Draw(
+                    _draw_store, _run_store, _show_store, _shrink_store, lambda s: s.num_tokens * s.heads * s.head_dim
+                ),
+                seed=500,
+                max_size=40,
+                count=16,
+            )
+        ]
+    )
+
+
+# -- offsets past 2^31 ---------------------------------------------------------------
+
+FAR = 2**31 + 2**20
+"""How far from the cache's start (in elements) the far slot's row lies: past what an int32 offset reaches,
+and short of 2^32, so that an offset computed in int32 wraps to ``FAR - 2**32``: about 2^31 elements *before*
+the cache, where the check keeps guard memory to see it."""
+FAR_GUARD = 1 << 16
+"""Guard elements around each place the far-slot check watches: the cache's start, the far row, the wrapped
+address."""
+_FAR_HEADS, _FAR_DIM = 1, 2
+_FAR_ROW = _FAR_HEADS * _FAR_DIM
+_FAR_PAGE = 2 * _FAR_ROW  # K row, then V row
+
+
+def _far_store_possible() -> bool:
+    """Whether this machine can hold the far-slot check's buffer: about 8 GiB of float16 that the operating
+    system maps lazily, page by page as they are touched (a few pages here). Only on the CPU: a GPU would
+    allocate all of it. A system that refuses the allocation (no overcommit) leaves the case out."""
+    if _device().type != "cpu":
+        return False
+    if _FAR_POSSIBLE:
+        return _FAR_POSSIBLE[0]
+    try:
+        probe = torch.empty(_far_layout(FAR // _FAR_PAGE)[0], dtype=torch.float16)
+        del probe
+        possible = True
+    except (RuntimeError, MemoryError):
+        possible = False
+    _FAR_POSSIBLE.append(possible)
+    return possible
+
+
+_FAR_POSSIBLE: list[bool] = []
+
+
+def _far_layout(far_slot: int) -> tuple[int, int, int | None]:
+    """``(buffer length, where the cache starts in it, the wrapped offset or None)`` for a cache of
+    ``far_slot + 2`` pages, each page's K and V rows side by side."""
+    offset = far_slot * _FAR_PAGE
+    wrapped = offset - 2**32 if offset >= 2**31 else None
+    before = FAR_GUARD + (-wrapped if wrapped is not None else 0)
+    return before + (far_slot + 2) * _FAR_PAGE + FAR_GUARD, before, wrapped
+
+
+def _run_far_store(fn: _F) -> None:
+    """The far-slot case: first on a small cache of the same layout (a function that fails there, or that
+    copies the cache, never meets the 8 GiB one), then with the far slot ``FAR`` elements away."""
+    _far_store(fn, 5)
+    _far_store(fn, FAR // _FAR_PAGE)
+
+
+def _far_store(fn: _F, far_slot: int) -> None:
+    total, before, wrapped = _far_layout(far_slot)
+    buffer = torch.empty(total, dtype=torch.float16)  # untouched pages cost no memory
+    cache = buffer[before:].as_strided(
+        (far_slot + 2, 1, 2, _FAR_HEADS, _FAR_DIM), (_FAR_PAGE, _FAR_PAGE, _FAR_ROW, _FAR_DIM, 1)
+    )
+    k_cache, v_cache = cache[:, :, 0], cache[:, :, 1]
+    offset = far_slot * _FAR_PAGE
+    if wrapped is None:  # small: watch all of it
+        windows = [(0, total)]
+    else:  # the wrapped address (looked at first: its report says why), the cache's start, the far row
+        windows = [(before + wrapped - FAR_GUARD, before + wrapped + FAR_GUARD)]
+        windows += [(before - FAR_GUARD, before + 4 * _FAR_PAGE + FAR_GUARD), (before + offset - FAR_GUARD, total)]
+    for start, end in windows:
+        buffer[start:end] = FILL
+    gen = torch.Generator().manual_seed(far_slot)
+    k, v = (torch.randn(2, _FAR_HEADS, _FAR_DIM, generator=gen).to(torch.float16) for _ in range(2))
+    indices = torch.tensor([0, far_slot], dtype=torch.int32)
+    try:
+        call(fn, k_cache, v_cache, indices, k, v)
+    except LearnerRaised as learner:
+        explain_a_kernel_compiled_for_no_gpu(learner.error)
+        raise
+    rows = {before: k[0], before + _FAR_ROW: v[0], before + offset: k[1], before + offset + _FAR_ROW: v[1]}
+    for start, end in windows:
+        got = buffer[start:end]
+        expected = torch.full_like(got, FILL)
+        for at, row in rows.items():
+            if start <= at < end:
+                expected[at - start : at - start + _FAR_ROW] = row.flatten()
+        wrong = (got != expected).nonzero().flatten()
+        if not len(wrong):
+            continue
+        where = start + int(wrong[0]) - before
+        if wrapped is not None and start == before + wrapped - FAR_GUARD:
+            raise Mismatch(
+                tr(
+                    "your code wrote {count} value(s) {distance} elements before the cache's start, instead of "
+                    "slot {slot}'s row {offset} elements after it: that is where the offset lands when it is "
+                    "computed in 32 bits, which wrap past 2^31 - 1. A layer of a large KV cache holds more than "
+                    "2^31 elements: turn the slot into int64 before multiplying it by a stride (.to(tl.int64)).",
+                    count=int((got != expected).sum()),
+                    distance=-where,
+                    slot=far_slot,
+                    offset=offset,
+                ),
+                tr("slot {slot}'s K row at element {offset}", slot=far_slot, offset=offset),
+                tr("writes at element {where}", where=where),
+            )
+        if far_slot > 5:
+            raise Mismatch(
+                tr(
+                    "with slot {slot}'s row {offset} elements after the cache's start (past 2^31), element {where} "
+                    "of the cache's buffer is wrong. Do the slot's offset arithmetic in int64.",
+                    slot=far_slot,
+                    offset=offset,
+                    where=where,
+                ),
+                tr("token 1's K and V rows in slot {slot}", slot=far_slot),
+                tr("element {where}: {value}", where=where, value=float(buffer[before + where])),
+            )
+        raise Mismatch(
+            tr(
+                "in a cache that keeps each page's K row and V row side by side (its page stride is twice its "
+                "row), with slots 0 and {slot} written, element {where} of the buffer is wrong: use the cache's "
+                "own strides.",
+                slot=far_slot,
+                where=where,
+            ),
+            tr("token 0's rows in slot 0, token 1's in slot {slot}", slot=far_slot),
+            tr("element {where}: {value}", where=where, value=float(buffer[before + where])),
         )
-    ]
 
 
 exercise("storage.store_torch", "write each token's K and V rows into its slot, in plain torch")(_store_cases)
