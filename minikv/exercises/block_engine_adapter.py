@@ -1,7 +1,7 @@
 """Exercise 4's functions as a block manager: the learner's code backs :class:`~minikv.block_engine.BlockEngine`.
 
 The exercise has the learner write ``allocate(pool, token_ids)`` and
-``deallocate(pool, block_table)`` over a :class:`~minikv.exercises.blocks.BlockPool`.
+``deallocate(pool, block_table)`` over a ``BlockPool`` (``minikv.exercises.blocks``).
 An engine asks a manager for nano-vllm's five methods, on
 :class:`~minikv.block_manager.Sequence` objects. :class:`LearnerBlockManager`
 translates: it keeps a pool, calls the learner's functions for ``allocate`` and
@@ -22,24 +22,24 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ..block_manager import NO_HASH, Block, BlockManager, Sequence, compute_hash
 from ..errors import ArgumentError, ArgumentTypeError, OutOfSlotsError
 from ..language import tr
 from .blocks import BlockPool
 
-AllocateFn = Callable[[BlockPool, list[int]], tuple[list[int], int]]
-DeallocateFn = Callable[[BlockPool, list[int]], None]
-
 
 class LearnerBlockManager:
-    """nano-vllm's block-manager methods over a :class:`~minikv.exercises.blocks.BlockPool` and exercise 4's functions.
+    """nano-vllm's block-manager methods over a ``BlockPool`` and exercise 4's functions.
 
     ``allocate(pool, token_ids) -> (block_table, num_cached_tokens)`` and
     ``deallocate(pool, block_table)`` are the learner's (tasks 4.4 and 4.3).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, allocate: AllocateFn, deallocate: DeallocateFn) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, allocate: Callable[..., Any], deallocate: Callable[..., Any]
+    ) -> None:
         for name, fn in (("allocate", allocate), ("deallocate", deallocate)):
             if not callable(fn):
                 raise ArgumentTypeError(tr("{name} must be a function, got {kind}", name=name, kind=type(fn).__name__))
