@@ -125,6 +125,13 @@ class BlockEngine:
 
     def add_request(self, request: EngineRequest) -> EngineRequest:
         """Queue a request; refused, changing nothing, if the model or the blocks could never hold it."""
+        self._check_request(request)
+        request.uid, self._next_uid = self._next_uid, self._next_uid + 1
+        request.status = Status.WAITING
+        self.waiting.append(request)
+        return request
+
+    def _check_request(self, request: EngineRequest) -> None:
         if not isinstance(request, EngineRequest):
             raise ArgumentTypeError(tr("request must be an EngineRequest, got {kind}", kind=type(request).__name__))
         if request.status is not Status.NEW:
@@ -140,10 +147,6 @@ class BlockEngine:
                     blocks=len(self.block_manager.blocks),
                 )
             )
-        request.uid, self._next_uid = self._next_uid, self._next_uid + 1
-        request.status = Status.WAITING
-        self.waiting.append(request)
-        return request
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -164,6 +167,8 @@ class BlockEngine:
         """One request per prompt, run to the end; each one's generated tokens, in the prompts' order."""
         stops = _as_list(stop_tokens, "stop_tokens")
         requests = [EngineRequest(p, max_new_tokens, stops) for p in _as_list(prompts, "prompts")]
+        for request in requests:  # all checked before any is queued
+            self._check_request(request)
         for request in requests:
             self.add_request(request)
         while not self.is_finished():

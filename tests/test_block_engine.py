@@ -207,6 +207,11 @@ def test_bad_arguments_are_refused_by_name() -> None:
     with pytest.raises(ArgumentError, match="request"):
         engine.add_request(request)
     assert list(engine.waiting) == [request]  # the refusals queued nothing
+    with pytest.raises(ArgumentError, match="prompt"):
+        engine.generate([[1, 2], [VOCAB]], 2)  # the second prompt is refused before the first is queued
+    with pytest.raises(ArgumentTypeError, match="prompts"):
+        engine.generate(7, 2)  # type: ignore[arg-type]
+    assert list(engine.waiting) == [request]
 
     manager = learner(2, 2)
     with pytest.raises(ArgumentTypeError, match="seq"):
