@@ -78,7 +78,8 @@ class BlockEngine:
     ``block_manager`` must be empty (every block free); ``kv_cache`` holds its
     blocks as pages (``num_pages = len(block_manager.blocks)``,
     ``page_size = block_manager.block_size``). ``max_num_seqs`` bounds the
-    running list, as nano-vllm's config does. Requests are
+    running list, as nano-vllm's config does (its ``max_num_batched_tokens``, a cap on
+    a prefill step's tokens, is left out: the course's models are small). Requests are
     :class:`~minikv.engine.EngineRequest` objects; ``seqs[request.uid]`` is the
     :class:`~minikv.block_manager.Sequence` of a running request: the tokens
     whose K/V are written (its last generated token is not, until it is fed in).
