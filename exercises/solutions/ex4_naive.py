@@ -338,3 +338,44 @@ manager.deallocate(first)
 print("free list after first finishes:", list(manager.free_block_ids), "(block 0 stays: second uses it)")
 manager.check_integrity()
 print(manager)
+
+# %% [markdown]
+# ## Your block manager in an engine
+#
+# `minikv.block_engine.BlockEngine` is nano-vllm's serving loop: admit what
+# `can_allocate` allows and prefill it from `num_cached_tokens` on, otherwise decode
+# every running request, preempting the newest when no block is free. The slot of
+# token `t` is `block_table[t // block_size] * block_size + t % block_size`, and the
+# model reads and writes K/V there. `LearnerBlockManager` gives the engine your
+# `allocate` and `deallocate`, and adds what you did not write: `can_allocate` (your
+# `allocate` tried on a copy of the pool) and `append` for decoding.
+#
+# Three requests share an 8-token system prompt. All three are admitted in the same
+# step, so the second and the third hit the two blocks the first has just allocated
+# (it is prefilled first, so they are written before they are read). The third prompt
+# is 12 tokens, three full blocks, yet only 8 are cached: the last block is always
+# computed. Your manager must give the same tokens as minikv's and as `recompute`,
+# which caches nothing.
+
+# %%
+from minikv.block_engine import make_block_engine
+from minikv.engine import recompute
+from minikv.exercises.block_engine_adapter import LearnerBlockManager
+from minikv.tiny_model import TinyDecoder
+
+model = TinyDecoder(vocab_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, max_positions=64)
+system_prompt = [20, 21, 22, 23, 24, 25, 26, 27]
+prompts = [[*system_prompt, 1, 2], [*system_prompt, 3], [*system_prompt, 4, 5, 6, 7]]
+try:
+    yours = LearnerBlockManager(16, 4, allocate=allocate, deallocate=deallocate)
+    engine = make_block_engine(model, num_blocks=16, block_size=4, block_manager=yours)
+    outputs = engine.generate(prompts, max_new_tokens=6)
+    for request in sorted(engine.finished, key=lambda r: r.uid):
+        print(f"request {request.uid}: {len(request.prompt)} prompt tokens, {request.cached_tokens} cached")
+    assert outputs == make_block_engine(model, 16, 4).generate(prompts, 6), "not the tokens of minikv's manager"
+    assert outputs == [recompute(model, p, 6) for p in prompts], "not the tokens of recompute"
+    print("the same tokens as minikv's BlockManager and as recompute:", outputs)
+except NotImplementedError as error:
+    stub = traceback.extract_tb(error.__traceback__)[-1].name
+    task = {"block_hashes": "task 4.2", "allocate": "task 4.4", "deallocate": "task 4.3"}.get(stub, "its task")
+    print(f"write {stub} ({task}) first: it still raises NotImplementedError")
