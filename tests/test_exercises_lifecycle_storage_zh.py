@@ -50,7 +50,7 @@ MUTANTS: list[tuple[str, Callable[..., object], str, str]] = [
     ("storage.store_torch", S.store_torch_trusts_indices, "raise IndexError", "并抛出 IndexError"),
     # the Triton kernel runs in Triton's interpreter on a CPU: about a second a check
     ("storage.store", S.WRONG["storage.store"][2], "outside the cache's memory", "缓存的内存之外"),
-    ("storage.store", S._triton_store(bug=6), "computed in 32 bits", "用 32 位计算时"),
+    ("storage.store", S.triton_store(bug=6), "computed in 32 bits", "用 32 位计算时"),
 ]
 
 CJK = re.compile(r"[\u4e00-\u9fff]")

@@ -289,7 +289,7 @@ def _buggy_store_kernel(
         tl.store(v_cache_ptr + dst, v_rows, mask=mask)
 
 
-def _triton_store(
+def triton_store(
     bug: int = 0,
     contiguous_strides: bool = False,
     drop_last_block: bool = False,
@@ -324,27 +324,27 @@ def _triton_store(
 
 def test_the_buggy_kernel_without_bugs_passes() -> None:
     """Otherwise the wrong stores below could fail for a reason of their own."""
-    assert check("storage.store", _triton_store()).passed
+    assert check("storage.store", triton_store()).passed
 
 
 WRONG["storage.store"] = [
-    _triton_store(bug=1),
-    _triton_store(bug=2),
-    _triton_store(bug=3),
-    _triton_store(contiguous_strides=True),
-    _triton_store(drop_last_block=True),
-    _triton_store(contiguous_indices=False),
-    _triton_store(validate=False),
-    _triton_store(bug=4),
-    _triton_store(bug=5),
-    _triton_store(bug=6),
+    triton_store(bug=1),
+    triton_store(bug=2),
+    triton_store(bug=3),
+    triton_store(contiguous_strides=True),
+    triton_store(drop_last_block=True),
+    triton_store(contiguous_indices=False),
+    triton_store(validate=False),
+    triton_store(bug=4),
+    triton_store(bug=5),
+    triton_store(bug=6),
 ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the far-slot case runs on the CPU only (8 GiB of lazy memory)")
 def test_an_offset_computed_in_int32_is_caught() -> None:
     """Issue 26: a slot 2^31 elements into the cache; the int32 offset wraps before the cache, into guard memory."""
-    result = check("storage.store", _triton_store(bug=6))
+    result = check("storage.store", triton_store(bug=6))
     failure = result.smallest_failure
     assert failure is not None and "computed in 32 bits" in failure.problem, str(result)
     assert result.num_passed == len(result.cases) - 1  # only the far slot tells int32 from int64
