@@ -213,7 +213,7 @@ def test_translating_english_drawings_gives_the_chinese_ones(drawn) -> None:  # 
 
 
 def test_translation_keeps_what_is_not_a_label() -> None:
-    assert translate("step 3: request 1 preempted") == "step 3: request 1 preempted"
+    assert translate("step 3: request 1 retracted") == "step 3: request 1 retracted"
     assert translate("evictable leaf (ref 0)") == "可驱逐的叶子节点（引用 0）"
     assert translate("a sentence with evictable leaf (ref 0) inside") == "a sentence with evictable leaf (ref 0) inside"
     assert translate("evictable", "en") == "evictable"
