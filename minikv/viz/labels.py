@@ -267,6 +267,22 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "plot.pool_size": Label("pool size (slots)", "页池大小（槽位）"),
         "plot.pool_size_log": Label("pool size (slots, log scale)", "页池大小（槽位，对数坐标）"),
         "plot.sweep_title": Label("Hit rate against pool size (LRU eviction)", "命中率与页池大小（LRU 驱逐）"),
+        # -- scheduler pictures (scheduler.py) --------------------------------------------------------
+        "sched.states_title": Label("Each request's status after every step", "每一步之后各个请求的状态"),
+        "sched.engine_step": Label("engine step", "引擎步"),
+        "sched.waiting": Label("waiting", "等待中"),
+        "sched.running": Label("running", "运行中"),
+        "sched.finished": Label("finished", "已完成"),
+        "sched.table_title": Label(
+            "the slot table: token position -> slot (a bold line every {page_size} positions)",
+            "槽位表：token 位置 -> 槽位（每 {page_size} 个位置一条粗线）",
+        ),
+        "sched.pages_axis": Label(
+            "page of the K/V cache (one column; a cell is a row, labelled with its slot)",
+            "K/V 缓存的页（一页一列；一格是一行，标着它的槽位）",
+        ),
+        "sched.shared": Label("read by several", "被多个请求读取"),
+        "sched.not_read": Label("not read", "未被读取"),
         # -- storage pictures (storage.py) -----------------------------------------------------------------
         "storage.buffer": Label(
             "{value}: kv_buffer {shape}, strides {strides}", "{value}：kv_buffer {shape}，步长 {strides}"
@@ -342,8 +358,7 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
             "第 {steps} 步：在途 {in_flight}；第一个请求{state}",
         ),
         "ch6.nothing": Label("nothing", "无"),
-        "ch6.released": Label("released", "已释放"),
-        "ch6.running": Label("running", "运行中"),
+        "ch6.released": Label("released", "已释放"),  # and "running": sched.running
         "ch7.tree": Label("SmolLM2's radix tree after four requests", "四个请求之后 SmolLM2 的基数树"),
         "ch8.waiting": Label("waiting, in {name} order: {queue}", "等待队列，按 {name} 顺序：{queue}"),
         "ch8.empty": Label("(empty)", "（空）"),
@@ -361,6 +376,14 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "ch8.room": Label("How much room to reserve: one burst", "预留多少空间：一次突发"),
         "ch8.no_budget": Label("no budget: the document in one step", "没有预算：整篇文档一步算完"),
         "ch8.budget": Label("a budget of {n} prompt tokens a step", "每步 {n} 个提示词 token 的预算"),
+        # the measures chapter 8 compares (plot_measures draws a measure's name through translate)
+        "ch8.prompt_tokens_computed": Label("prompt tokens computed", "计算的提示词 token"),
+        "ch8.preemptions": Label("preemptions", "抢占次数"),
+        "ch8.steps": Label("steps", "步数"),
+        "ch8.worst_wait": Label("worst wait", "最长等待"),
+        "ch8.mean_wait": Label("mean wait", "平均等待"),
+        "ch8.mean_decode_batch": Label("mean decode batch", "平均解码批大小"),
+        "ch8.recomputed": Label("recomputed", "重新计算"),
         "ch8.last_decode": Label("What the last decode step read, page by page", "最后一个解码步逐页读了什么"),
         "ex5.four_requests": Label("MyPagedRadixCache, four requests", "MyPagedRadixCache，四个请求"),
     }
