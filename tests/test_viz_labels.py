@@ -140,7 +140,7 @@ def pictures() -> dict[str, list[str]]:
     figures = [
         plot_sizes(rec), plot_sizes(paged), storage.draw_layouts(caches[:1], layer=1, page=2),
         storage.draw_slots(caches[0], highlight=[0]), storage.draw_head_split(caches),
-        plot_recomputed({"chat": [[1, 2, 3], [1, 2, 4]]}, {"chat": [0, 2]}),
+        plot_recomputed({"multi-turn chat": [[1, 2, 3], [1, 2, 4]]}, {"multi-turn chat": [0, 2]}),
         plot_request_states({"fcfs": [["waiting", "running"], ["running", "finished"]]}),
         plot_measures({"fcfs": {"preemptions": 1, "steps": 3}}, ["preemptions", "steps"]),
         draw_slot_table([[0, 1, 2, 3], [0, 1, 6, 7]], [4, 3], page_size=2, num_pages=4),

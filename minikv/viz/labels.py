@@ -339,6 +339,10 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
             "after finish: already_cached = {cached}, so the caller freed every slot",
             "finish 之后：already_cached = {cached}，所以调用者释放了每一个槽位",
         ),
+        # the workloads chapter 4 compares (plot_recomputed draws a workload's name through translate)
+        "ch4.shared_system_prompt": Label("shared system prompt", "共享系统提示词"),
+        "ch4.multi_turn_chat": Label("multi-turn chat", "多轮对话"),
+        "ch4.few_shot": Label("few-shot", "少样本"),
         "ch4.second_runs": Label("{name}: the second request runs", "{name}：第二个请求在运行"),
         "ch5.first_two_arrive": Label("requests 1 and 2 arrive", "请求 1 和 2 到达"),
         "ch5.arrives": Label("request {n} arrives", "请求 {n} 到达"),
