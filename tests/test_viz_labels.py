@@ -9,8 +9,10 @@ import string
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
+import numpy as np
 import pytest
 
 matplotlib.use("Agg")
@@ -58,6 +60,15 @@ def course_key_terms() -> dict[str, tuple[str, tuple[str, ...]]]:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return dict(module.KEY_TERMS)
+
+
+def rows_read_result() -> SimpleNamespace:
+    """What exercise 7's probe returns: request 1 read a row of request 0's page, and missed one of its own."""
+    expected = np.zeros((2, 8), dtype=bool)
+    expected[0, :3] = expected[1, 4:7] = True
+    read = expected.copy()
+    read[1, 3], read[1, 6] = True, False
+    return SimpleNamespace(read=read, expected=expected, page_size=4, lens=[3, 3])
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +155,7 @@ def pictures() -> dict[str, list[str]]:
         plot_request_states({"fcfs": [["waiting", "running"], ["running", "finished"]]}),
         plot_measures({"fcfs": {"preemptions": 1, "steps": 3}}, ["preemptions", "steps"]),
         draw_slot_table([[0, 1, 2, 3], [0, 1, 6, 7]], [4, 3], page_size=2, num_pages=4),
+        storage.draw_rows_read(rows_read_result()),
     ]  # fmt: skip
     player = rec.player().html
     return {

@@ -314,6 +314,17 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         ),
         "storage.runs": Label("{track}: {count} run", "{track}：{count} 段", "{track}: {count} runs"),
         "storage.page_track": Label("page {page}, K, all layers", "第 {page} 页，K，所有层"),
+        # the rows a decode kernel read (draw_rows_read, exercise 7)
+        "storage.page_axis": Label("page", "页"),
+        "storage.row_axis": Label("row", "行"),
+        "storage.request_rows": Label(
+            "request {n} ({total} tokens): {verdict}", "请求 {n}（{total} 个 token）：{verdict}"
+        ),
+        "storage.rows_right": Label("its own rows", "恰好是它自己的行"),
+        "storage.rows_wrong": Label("{count} rows wrong", "{count} 行有误"),
+        "storage.read_own": Label("read, its own", "读取了，属于它"),
+        "storage.read_other": Label("read, not its own", "读取了，不属于它"),
+        "storage.own_unread": Label("its own, not read", "属于它，未读取"),
         # -- titles and captions the chapters' code passes to drawings (label("ch5.arrives", n=3)) --------
         "ch1.engine_running": Label("an engine, three requests running", "一个引擎，三个请求在运行"),
         "ch1.after_b_admitted": Label(
