@@ -279,7 +279,7 @@ check("paged_attention.decode", decode)
 try:
     found = rows_read(decode)
     print("every request read exactly its own rows, each query head its KV head's:", found.correct)
-    display(draw_rows_read(found))  # SVG with its text as text: the zh pages translate it
+    display(draw_rows_read(found))
 except NotImplementedError:
     print("✗ decode is still the stub: write it, then run this cell again.")
 
