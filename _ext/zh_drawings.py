@@ -6,7 +6,9 @@ catalog, :mod:`minikv.viz.labels`, whose templates can be read back; so once the
 written, this extension passes each page and each SVG file of ``_images/`` through
 :func:`minikv.viz.labels.translate_html`: SVG text of the radix trees, slot strips, engine
 pictures and matplotlib plots (stored with their text as text), and a player's captions, details,
-buttons and script. Token words, titles a notebook passes and code stay as they are.
+buttons and script, and the titles and captions the notebooks' code passes to them (through
+:func:`minikv.viz.labels.label`, so they are catalog templates too). Token words and code stay
+as they are.
 
 The English edition is not touched. Registered in ``_config.yml`` (``local_extensions``).
 """

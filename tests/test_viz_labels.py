@@ -9,8 +9,10 @@ import string
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
+import numpy as np
 import pytest
 
 matplotlib.use("Agg")
@@ -26,10 +28,13 @@ from minikv.viz import (
     TreeRecorder,
     draw_engine,
     draw_pool,
+    draw_slot_table,
     get_language,
     plot_hit_rate,
     plot_lifecycle,
+    plot_measures,
     plot_recomputed,
+    plot_request_states,
     plot_sizes,
     set_language,
     storage,
@@ -55,6 +60,15 @@ def course_key_terms() -> dict[str, tuple[str, tuple[str, ...]]]:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return dict(module.KEY_TERMS)
+
+
+def rows_read_result() -> SimpleNamespace:
+    """What exercise 7's probe returns: request 1 read a row of request 0's page, and missed one of its own."""
+    expected = np.zeros((2, 8), dtype=bool)
+    expected[0, :3] = expected[1, 4:7] = True
+    read = expected.copy()
+    read[1, 3], read[1, 6] = True, False
+    return SimpleNamespace(read=read, expected=expected, page_size=4, lens=[3, 3])
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +151,11 @@ def pictures() -> dict[str, list[str]]:
     figures = [
         plot_sizes(rec), plot_sizes(paged), storage.draw_layouts(caches[:1], layer=1, page=2),
         storage.draw_slots(caches[0], highlight=[0]), storage.draw_head_split(caches),
-        plot_recomputed({"chat": [[1, 2, 3], [1, 2, 4]]}, {"chat": [0, 2]}),
+        plot_recomputed({"multi-turn chat": [[1, 2, 3], [1, 2, 4]]}, {"multi-turn chat": [0, 2]}),
+        plot_request_states({"fcfs": [["waiting", "running"], ["running", "finished"]]}),
+        plot_measures({"fcfs": {"preemptions": 1, "steps": 3}}, ["preemptions", "steps"]),
+        draw_slot_table([[0, 1, 2, 3], [0, 1, 6, 7]], [4, 3], page_size=2, num_pages=4),
+        storage.draw_rows_read(rows_read_result()),
     ]  # fmt: skip
     player = rec.player().html
     return {
@@ -213,7 +231,7 @@ def test_translating_english_drawings_gives_the_chinese_ones(drawn) -> None:  # 
 
 
 def test_translation_keeps_what_is_not_a_label() -> None:
-    assert translate("step 3: request 1 preempted") == "step 3: request 1 preempted"
+    assert translate("step 3: request 1 retracted") == "step 3: request 1 retracted"
     assert translate("evictable leaf (ref 0)") == "可驱逐的叶子节点（引用 0）"
     assert translate("a sentence with evictable leaf (ref 0) inside") == "a sentence with evictable leaf (ref 0) inside"
     assert translate("evictable", "en") == "evictable"

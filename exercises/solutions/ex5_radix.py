@@ -708,7 +708,7 @@ check("radix.cache", MyPagedRadixCache)
 # %%
 from minikv.course.vocab import Vocab
 from minikv.snapshot import TreeSnapshot, outline
-from minikv.viz import TreeRecorder
+from minikv.viz import TreeRecorder, label
 
 vocab = Vocab()
 prompts = ["the cat sat on the mat", "the cat sat on a dog", "the dog ran", "the cat sat on the mat"]
@@ -720,7 +720,7 @@ with explain_errors():
         print(f"{text!r}: {request.cached_len} tokens cached, {request.evicted} slots evicted")
     recorder.check_integrity()
     print(outline(TreeSnapshot.of(recorder), vocab))
-    display(recorder.player(title="MyPagedRadixCache, four requests"))
+    display(recorder.player(title=label("ex5.four_requests")))
 
 # %% [markdown]
 # And the serving engine of chapter 6 runs on it: prompts that share prefixes, batched, with

@@ -36,6 +36,7 @@ Draw in Chinese (the labels, legends, captions and buttons; token words stay as 
 
     from minikv.viz import set_language
     set_language("zh")          # "en" (the default) goes back; the words live in minikv.viz.labels
+    draw_pool(pool, title=label("ch2.seven_steps"))   # a chapter's own title, from the same catalog
 
 Modules: :mod:`~minikv.viz.tree` (drawings), :mod:`~minikv.viz.recorder`
 (the recording proxy), :mod:`~minikv.viz.player` (the HTML player),
@@ -52,7 +53,7 @@ from ..course.vocab import Vocab  # re-exported: the book's examples import it f
 from ..snapshot import NodeView, SlotOwnership, TreeChanges, TreeSnapshot, diff_snapshots, outline
 from . import storage
 from .engine import EngineDrawing, draw_engine
-from .labels import get_language, set_language
+from .labels import get_language, label, set_language
 from .overlap import OverlapDrawing, OverlapRecording, OverlapStep, draw_overlap, record_overlap
 from .player import FramePlayer, PlayerFrame
 from .plots import plot_hit_rate, plot_hit_rate_sweep, plot_lifecycle, plot_recomputed, plot_sizes
@@ -83,6 +84,7 @@ __all__ = [
     "Vocab",
     "diff_snapshots",
     "get_language",
+    "label",
     "draw_engine",
     "draw_overlap",
     "draw_pool",

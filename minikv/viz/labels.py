@@ -5,6 +5,9 @@ label by key, with named fields for what changes (numbers, token words), and
 gets it in the language chosen by :func:`set_language` (English by default).
 So a Chinese notebook calls ``minikv.viz.set_language("zh")`` once and draws in
 Chinese; the English pictures stay byte for byte what they were.
+A notebook's own titles and captions live here too (keys ``ch5.``, ``ex5.``...): its code
+passes ``title=label("ch5.arrives", n=3)``, never an English literal, so they follow the
+language as well.
 
 The Chinese edition of the book is built from the *stored* English outputs of
 the notebooks. :func:`translate` reads an English label back -- the catalog's
@@ -48,6 +51,7 @@ __all__ = [
     "Label",
     "get_language",
     "join",
+    "label",
     "language",
     "player_fragments",
     "set_language",
@@ -79,12 +83,12 @@ _NUMBER_FIELDS = frozenset(
     {"n", "count", "total", "cached", "protected", "evictable", "free", "ref", "t", "page_size", "slot", "page",
      "row", "layer", "rank", "first", "last", "start", "stop", "size_bytes", "heads", "local", "tp_size",
      "num_heads", "waiting", "running", "finished", "steps", "prefill", "decode", "rows", "max_running", "layers",
-     "pages", "slots_per_page", "dims", "query_heads", "kv_heads", "batch", "step", "uid"}
+     "pages", "slots_per_page", "dims", "query_heads", "kv_heads", "batch", "step", "notes_step", "uid"}
 )  # fmt: skip
 _LITERAL_FIELDS = frozenset(
-    {"words", "error", "value", "label", "sign", "slots_text", "name", "size", "kind", "shape", "strides", "uids"}
+    {"words", "error", "value", "sign", "slots_text", "name", "size", "kind", "shape", "strides", "uids"}
 )
-_OPTIONAL_FIELDS = frozenset({"track"})
+_OPTIONAL_FIELDS = frozenset({"track", "label", "queue", "in_flight"})
 """Fields translated when they are a label and kept as they are when not (``k_cache(1)`` is code)."""
 _LIST_FIELDS = {"parts": ("; ", "；"), "items": (", ", "、")}
 """List fields: their items are translated one by one and joined with each language's separator."""
@@ -263,6 +267,22 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "plot.pool_size": Label("pool size (slots)", "页池大小（槽位）"),
         "plot.pool_size_log": Label("pool size (slots, log scale)", "页池大小（槽位，对数坐标）"),
         "plot.sweep_title": Label("Hit rate against pool size (LRU eviction)", "命中率与页池大小（LRU 驱逐）"),
+        # -- scheduler pictures (scheduler.py) --------------------------------------------------------
+        "sched.states_title": Label("Each request's status after every step", "每一步之后各个请求的状态"),
+        "sched.engine_step": Label("engine step", "引擎步"),
+        "sched.waiting": Label("waiting", "等待中"),
+        "sched.running": Label("running", "运行中"),
+        "sched.finished": Label("finished", "已完成"),
+        "sched.table_title": Label(
+            "the slot table: token position -> slot (a bold line every {page_size} positions)",
+            "槽位表：token 位置 -> 槽位（每 {page_size} 个位置一条粗线）",
+        ),
+        "sched.pages_axis": Label(
+            "page of the K/V cache (one column; a cell is a row, labelled with its slot)",
+            "K/V 缓存的页（一页一列；一格是一行，标着它的槽位）",
+        ),
+        "sched.shared": Label("read by several", "被多个请求读取"),
+        "sched.not_read": Label("not read", "未被读取"),
         # -- storage pictures (storage.py) -----------------------------------------------------------------
         "storage.buffer": Label(
             "{value}: kv_buffer {shape}, strides {strides}", "{value}：kv_buffer {shape}，步长 {strides}"
@@ -333,6 +353,93 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
             "第 {step} 步释放请求 {uid}，而读取它那一行的批次 {batch} 仍在途",
         ),
         "overlap.preempt_tip": Label("request {uid} preempted in step {step}", "第 {step} 步抢占请求 {uid}"),
+        # the rows a decode kernel read (draw_rows_read, exercise 7)
+        "storage.page_axis": Label("page", "页"),
+        "storage.row_axis": Label("row", "行"),
+        "storage.request_rows": Label(
+            "request {n} ({total} tokens): {verdict}", "请求 {n}（{total} 个 token）：{verdict}"
+        ),
+        "storage.rows_right": Label("its own rows", "恰好是它自己的行"),
+        "storage.rows_wrong": Label("{count} rows wrong", "{count} 行有误"),
+        "storage.read_own": Label("read, its own", "读取了，属于它"),
+        "storage.read_other": Label("read, not its own", "读取了，不属于它"),
+        "storage.own_unread": Label("its own, not read", "属于它，未读取"),
+        # -- titles and captions the chapters' code passes to drawings (label("ch5.arrives", n=3)) --------
+        "ch1.engine_running": Label("an engine, three requests running", "一个引擎，三个请求在运行"),
+        "ch1.after_b_admitted": Label(
+            "after B's admission: A's prefix slots {slots_text} are B's or free",
+            "接纳 B 之后：A 的前缀槽位 {slots_text} 已归 B 或空闲",
+        ),
+        "ch2.step": Label("step {step}", "第 {step} 步"),
+        "ch2.step_of_notes": Label("step {step} (notes' {notes_step})", "第 {step} 步（笔记的第 {notes_step} 步）"),
+        "ch2.allocate": Label("allocate: slots {slots_text} for [{words}]", "分配：槽位 {slots_text} 给 [{words}]"),
+        "ch2.store": Label(
+            "store_kv: K and V of [{words}], storage only", "store_kv：写入 [{words}] 的 K 和 V，只动存储层"
+        ),
+        "ch2.free_duplicates": Label(
+            "free indices[{start}:{stop}] = {slots_text}", "释放 indices[{start}:{stop}] = {slots_text}"
+        ),
+        "ch2.seven_steps": Label("the seven steps of one request", "一个请求的七个步骤"),
+        "ch2.after_notes_step": Label("after the notes' step {step}", "笔记第 {step} 步之后"),
+        "ch4.while_running": Label(
+            "while it runs: 5 slots are the request's; the manager holds none",
+            "运行期间：5 个槽位归请求所有；管理器一个也不持有",
+        ),
+        "ch4.after_finish": Label(
+            "after finish: already_cached = {cached}, so the caller freed every slot",
+            "finish 之后：already_cached = {cached}，所以调用者释放了每一个槽位",
+        ),
+        # the workloads chapter 4 compares (plot_recomputed draws a workload's name through translate)
+        "ch4.shared_system_prompt": Label("shared system prompt", "共享系统提示词"),
+        "ch4.multi_turn_chat": Label("multi-turn chat", "多轮对话"),
+        "ch4.few_shot": Label("few-shot", "少样本"),
+        "ch4.second_runs": Label("{name}: the second request runs", "{name}：第二个请求在运行"),
+        "ch5.first_two_arrive": Label("requests 1 and 2 arrive", "请求 1 和 2 到达"),
+        "ch5.arrives": Label("request {n} arrives", "请求 {n} 到达"),
+        "ch5.finishes": Label("request {n} finishes", "请求 {n} 完成"),
+        "ch5.notes_step": Label("the notes' step {step}", "笔记的第 {step} 步"),
+        "ch5.memory_short": Label("memory is short", "内存不够了"),
+        "ch5.pool_takes_back": Label("the pool takes the evicted slots back", "页池收回被驱逐的槽位"),
+        "ch6.prompt_free_in_tree": Label(
+            "after the notes' step 5: the system prompt's slots are free and in the tree",
+            "笔记第 5 步之后：系统提示词的槽位既空闲又在树中",
+        ),
+        "ch6.after_step": Label("after step {steps} ({kind})", "第 {steps} 步之后（{kind}）"),
+        "ch6.two_turns": Label("the engine after two turns", "两轮对话之后的引擎"),
+        "ch6.preempted": Label("step {steps}: request {uid} preempted", "第 {steps} 步：请求 {uid} 被抢占"),
+        "ch6.in_flight": Label(
+            "step {steps}: in flight {in_flight}; first request {state}",
+            "第 {steps} 步：在途 {in_flight}；第一个请求{state}",
+        ),
+        "ch6.nothing": Label("nothing", "无"),
+        "ch6.released": Label("released", "已释放"),  # and "running": sched.running
+        "ch7.tree": Label("SmolLM2's radix tree after four requests", "四个请求之后 SmolLM2 的基数树"),
+        "ch8.waiting": Label("waiting, in {name} order: {queue}", "等待队列，按 {name} 顺序：{queue}"),
+        "ch8.empty": Label("(empty)", "（空）"),
+        "ch8.before_step": Label(
+            "before step {steps}: it runs {kind} {words}", "第 {steps} 步之前：它运行 {kind} {words}"
+        ),
+        "ch8.queue_player": Label(
+            "lpm: the waiting queue and the tree before each step", "lpm：每一步之前的等待队列和树"
+        ),
+        "ch8.two_prompts": Label(
+            "Six requests, two system prompts, a 20-slot pool", "六个请求、两个系统提示词、一个 20 槽位的页池"
+        ),
+        "ch8.which_first": Label("Which request first: one burst", "先运行哪个请求：一次突发"),
+        "ch8.cold_request": Label("A cold request in a stream of cached ones", "一连串已缓存请求中的一个冷请求"),
+        "ch8.room": Label("How much room to reserve: one burst", "预留多少空间：一次突发"),
+        "ch8.no_budget": Label("no budget: the document in one step", "没有预算：整篇文档一步算完"),
+        "ch8.budget": Label("a budget of {n} prompt tokens a step", "每步 {n} 个提示词 token 的预算"),
+        # the measures chapter 8 compares (plot_measures draws a measure's name through translate)
+        "ch8.prompt_tokens_computed": Label("prompt tokens computed", "计算的提示词 token"),
+        "ch8.preemptions": Label("preemptions", "抢占次数"),
+        "ch8.steps": Label("steps", "步数"),
+        "ch8.worst_wait": Label("worst wait", "最长等待"),
+        "ch8.mean_wait": Label("mean wait", "平均等待"),
+        "ch8.mean_decode_batch": Label("mean decode batch", "平均解码批大小"),
+        "ch8.recomputed": Label("recomputed", "重新计算"),
+        "ch8.last_decode": Label("What the last decode step read, page by page", "最后一个解码步逐页读了什么"),
+        "ex5.four_requests": Label("MyPagedRadixCache, four requests", "MyPagedRadixCache，四个请求"),
     }
 )
 """Key -> :class:`Label`. Keys are grouped by the module that draws them."""
@@ -343,6 +450,10 @@ def text(key: str, /, *, lang: str | None = None, **fields: object) -> str:
 
     The English form with ``en_other`` is chosen by the ``count`` field (or ``n``): singular for 1.
     """
+    return _filled(key, lang, fields)
+
+
+def _filled(key: str, lang: str | None, fields: Mapping[str, object]) -> str:
     if key not in CATALOG:
         raise ArgumentError(f"key: no label {key!r} in the catalog")
     lang = get_language() if lang is None else _checked(lang)
@@ -352,6 +463,17 @@ def text(key: str, /, *, lang: str | None = None, **fields: object) -> str:
     if lang == "en" and label.en_other is not None and count != 1:
         template = label.en_other
     return template.format(**fields) if fields else template
+
+
+def label(key: str, /, **fields: object) -> str:
+    """The label ``key`` in the language of the moment: the titles and captions a notebook gives a drawing.
+
+    ``draw_pool(pool, title=label("ch4.after_finish", cached=5))`` draws the title in English, or in
+    Chinese after ``set_language("zh")`` (the zh Colab copies); and since the key's English form is
+    a catalog template, the zh edition translates the title in the stored English outputs too.
+    Keys of this kind start with their chapter (``ch5.``) or exercise (``ex5.``).
+    """
+    return _filled(key, None, fields)
 
 
 def join(items: Sequence[str], field: str = "parts", *, lang: str | None = None) -> str:
@@ -466,6 +588,7 @@ _IN_MARKUP = (
     re.compile(r"(<title>)([^<]*)(</title>)"),  # an SVG node's tooltip
     re.compile(r'(<figcaption class="mkp-caption">(?:\d+\. )?)([^<]*)(</figcaption>)'),  # after the frame number
     re.compile(r'(<div class="mkp-details">)([^<]*)(</div>)'),
+    re.compile(r'(<div class="mkp-title">)([^<]*)(</div>)'),  # a player's title (a notebook's label)
 )
 _IN_ATTRIBUTES = (re.compile(r'(xlink:title=")([^"]*)(")'),)  # graphviz's tooltips
 
@@ -489,10 +612,10 @@ def player_fragments(lang: str) -> list[str]:
 def translate_html(page: str, lang: str = "zh") -> str:
     """A built page (or an SVG file) with every label of its drawings, players and plots in ``lang``.
 
-    SVG ``<text>`` elements and tooltips, a player's captions, details, buttons and script are
-    read through :func:`translate`; text that is not a label (token words, a notebook's own
-    titles, code) stays byte for byte. SVG text that changed gets :data:`CJK_FONT_FAMILY`
-    after its own fonts.
+    SVG ``<text>`` elements and tooltips, a player's title, captions, details, buttons and script
+    are read through :func:`translate`, and so are the titles and captions a notebook passes
+    through :func:`label`; text that is not a label (token words, code) stays byte for byte. SVG
+    text that changed gets :data:`CJK_FONT_FAMILY` after its own fonts.
     """
     _checked(lang)
     if lang == "en":

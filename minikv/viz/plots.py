@@ -30,7 +30,7 @@ from ..base import SizeInfo
 from ..errors import ArgumentError, ArgumentTypeError
 from ..snapshot import VocabLike, token_namer, words
 from .figure import TextFigure
-from .labels import text
+from .labels import get_language, text, translate
 from .recorder import Frame, TreeRecorder
 from .tree import LOOKS
 
@@ -200,7 +200,8 @@ def plot_recomputed(prompts: Mapping[str, Sequence[Any]], cached: Mapping[str, S
     ``prompts`` maps a workload's name to its requests' token ids, in the order they were served;
     ``cached`` maps the same names to each request's cached length (``cached_len``) under a prefix
     cache. One panel per workload: the no-cache line is the prompt length, the cached line the
-    prompt length minus what the cache supplied.
+    prompt length minus what the cache supplied. A workload's name that is a label of
+    :mod:`minikv.viz.labels` (``"few-shot"``) is drawn in the language of the moment.
     """
     if not isinstance(prompts, Mapping) or not isinstance(cached, Mapping) or not prompts:
         raise ArgumentTypeError("prompts and cached must be non-empty mappings from a workload name")
@@ -217,7 +218,7 @@ def plot_recomputed(prompts: Mapping[str, Sequence[Any]], cached: Mapping[str, S
     for ax, name in zip(axes[0], prompts, strict=True):
         ax.plot(lengths[name], lw=0.8, label=text("plot.no_cache_line"))
         ax.plot(uncached[name], lw=0.8, label=text("plot.radix_line"))
-        ax.set_title(name, fontsize=9)
+        ax.set_title(translate(name, get_language()), fontsize=9)
         ax.set_xlabel(text("plot.request_axis"))
     axes[0][0].set_ylabel(text("plot.recomputed"))
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=2, frameon=False)

@@ -9,7 +9,10 @@
 
 Every function draws from values the caller recorded (statuses, counts, the table):
 never from timings, so the same run gives the same figure. Figures are made with
-pyplot and closed before they are returned, as in :mod:`minikv.viz.plots`.
+pyplot and closed before they are returned, as in :mod:`minikv.viz.plots`; they show as
+SVG with their text kept as text (:class:`~minikv.viz.figure.TextFigure`), so the zh
+edition translates their labels, and :func:`~minikv.viz.labels.set_language` draws them in
+Chinese.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from .._validate import as_positive
 from ..errors import ArgumentError, ArgumentTypeError
+from .figure import TextFigure
+from .labels import get_language, text, translate
 
 STATE_COLOURS = {"new": "#ffffff", "waiting": "#f79009", "running": "#1570ef", "finished": "#e4e7ec"}
 """Cell colour of each request status (``Status.value`` of :class:`minikv.engine.EngineRequest`)."""
@@ -60,7 +65,11 @@ def plot_request_states(
     states = list(STATE_COLOURS)
     longest = max(len(record) for record in named.records.values())
     fig, axes = plt.subplots(
-        len(named.records), 1, figsize=(7.2, 0.6 + (0.12 * named.width + 0.5) * len(named.records)), squeeze=False
+        len(named.records),
+        1,
+        figsize=(7.2, 0.6 + (0.12 * named.width + 0.5) * len(named.records)),
+        squeeze=False,
+        FigureClass=TextFigure,
     )
     plt.close(fig)
     colours = ListedColormap([STATE_COLOURS[s] for s in states])
@@ -71,15 +80,15 @@ def plot_request_states(
         if highlight is not None:
             ax.add_patch(Rectangle((0, highlight), len(record), 1, fill=False, edgecolor="#d92d20", linewidth=1.6))
         ax.set_xlim(0, longest)
-        ax.set_ylabel("request", fontsize=8)
+        ax.set_ylabel(text("plot.request_axis"), fontsize=8)
         ax.set_yticks([])
         ax.tick_params(labelsize=8)
         if name:
             ax.set_title(name, fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("engine step", fontsize=8)
-    handles = [Patch(facecolor=STATE_COLOURS[s], edgecolor="#667085", label=s) for s in states[1:]]
+    axes[-1, 0].set_xlabel(text("sched.engine_step"), fontsize=8)
+    handles = [Patch(facecolor=STATE_COLOURS[s], edgecolor="#667085", label=text(f"sched.{s}")) for s in states[1:]]
     fig.legend(handles=handles, loc="upper right", ncols=3, frameon=False, fontsize=8)
-    fig.suptitle(title or "Each request's status after every step", fontsize=10, x=0.02, ha="left")
+    fig.suptitle(title or text("sched.states_title"), fontsize=10, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig
 
@@ -90,7 +99,8 @@ def plot_measures(
     """One bar panel per measure, one bar per variant, each bar labelled with its value.
 
     ``rows`` maps a variant's name (a policy) to its measures by name; every
-    variant must have every name in ``measures``.
+    variant must have every name in ``measures``. A measure's name that is a label of
+    :mod:`minikv.viz.labels` (``"preemptions"``) is drawn in the language of the moment.
     """
     if not isinstance(rows, Mapping) or not rows:
         raise ArgumentTypeError("rows must be a non-empty mapping of variant name -> measures")
@@ -105,7 +115,9 @@ def plot_measures(
     if title is not None and not isinstance(title, str):
         raise ArgumentTypeError(f"title must be a str, got {type(title).__name__}")
     names = list(rows)
-    fig, axes = plt.subplots(1, len(measures), figsize=(2.0 * len(measures) + 0.6, 2.9), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(measures), figsize=(2.0 * len(measures) + 0.6, 2.9), squeeze=False, FigureClass=TextFigure
+    )
     plt.close(fig)
     for ax, measure in zip(axes[0], measures, strict=True):
         values = [float(rows[n][measure]) for n in names]
@@ -116,7 +128,7 @@ def plot_measures(
             ax.annotate(text, (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=45, ha="right", fontsize=7)
-        ax.set_title(measure, fontsize=8)
+        ax.set_title(translate(measure, get_language()), fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
         ax.set_ylim(0, max(values) * 1.18 or 1)
         for side in ("top", "right"):
@@ -149,7 +161,7 @@ def draw_slot_table(
     num_pages = as_positive(num_pages, "num_pages")
     rows_of = _table_rows(table, lens, page_size * num_pages)
     if labels is None:
-        labels = [f"request {b}" for b in range(len(rows_of))]
+        labels = [text("plot.request", n=b) for b in range(len(rows_of))]
     elif isinstance(labels, str) or len(labels) != len(rows_of) or not all(isinstance(x, str) for x in labels):
         raise ArgumentError(f"labels must be {len(rows_of)} strings, one per request")
     if title is not None and not isinstance(title, str):
@@ -162,7 +174,7 @@ def draw_slot_table(
     columns = max(width, num_pages)
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(max(5.0, 0.36 * columns + 1.6), 0.5 * len(rows_of) + 0.42 * page_size + 1.9),
-        height_ratios=(len(rows_of) + 0.6, page_size + 1.0),
+        height_ratios=(len(rows_of) + 0.6, page_size + 1.0), FigureClass=TextFigure,
     )  # fmt: skip
     plt.close(fig)
     for b, slots in enumerate(rows_of):
@@ -178,7 +190,7 @@ def draw_slot_table(
     top.set_yticks([len(rows_of) - 0.5 - b for b in range(len(rows_of))])
     top.set_yticklabels(labels, fontsize=8)
     top.set_xticks([])
-    top.set_title(f"the slot table: token position -> slot (a bold line every {page_size} positions)", fontsize=8)
+    top.set_title(text("sched.table_title", page_size=page_size), fontsize=8)
     for p in range(num_pages):
         for r in range(page_size):
             slot = p * page_size + r
@@ -192,15 +204,15 @@ def draw_slot_table(
     bottom.set_ylim(0, page_size)
     bottom.set_xticks([p + 0.5 for p in range(num_pages)])
     bottom.set_xticklabels([str(p) for p in range(num_pages)], fontsize=7)
-    bottom.set_xlabel("page of the K/V cache (one column; a cell is a row, labelled with its slot)", fontsize=8)
+    bottom.set_xlabel(text("sched.pages_axis"), fontsize=8)
     bottom.set_yticks([])
     for ax in (top, bottom):
         for side in ax.spines.values():
             side.set_visible(False)
         ax.tick_params(length=0)
     handles = [Patch(facecolor=READER_COLOURS[b % 8], label=labels[b]) for b in range(len(rows_of))]
-    handles += [Patch(facecolor=SHARED_COLOUR, label="read by several"), Patch(facecolor="white",
-                edgecolor="#667085", label="not read")]  # fmt: skip
+    handles += [Patch(facecolor=SHARED_COLOUR, label=text("sched.shared")), Patch(facecolor="white",
+                edgecolor="#667085", label=text("sched.not_read"))]  # fmt: skip
     bottom.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=min(len(handles), 4),
                   frameon=False, fontsize=7)  # fmt: skip
     if title:

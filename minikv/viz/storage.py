@@ -381,7 +381,7 @@ def draw_rows_read(found: Any) -> Figure:
     requests, slots = read.shape
     pages = slots // page_size
     lens = list(getattr(found, "lens", [int(row.sum()) for row in expected]))
-    figure = Figure(figsize=(max(4.0, 1.0 + 0.55 * pages * requests), 1.4 + 0.32 * page_size), layout="constrained")
+    figure = TextFigure(figsize=(max(4.0, 1.0 + 0.55 * pages * requests), 1.4 + 0.32 * page_size), layout="constrained")
     axes = figure.subplots(1, requests, squeeze=False)[0]
     for b, ax in enumerate(axes):
         for slot in range(slots):
@@ -400,17 +400,18 @@ def draw_rows_read(found: Any) -> Figure:
         ax.set_xticklabels([str(p) for p in range(pages)], fontsize=8)
         ax.set_yticks([page_size - 0.5 - r for r in range(page_size)])
         ax.set_yticklabels([str(r) for r in range(page_size)], fontsize=8)
-        ax.set_xlabel("page", fontsize=8)
-        ax.set_ylabel("row" if b == 0 else "", fontsize=8)
+        ax.set_xlabel(text("storage.page_axis"), fontsize=8)
+        ax.set_ylabel(text("storage.row_axis") if b == 0 else "", fontsize=8)
         ax.tick_params(length=0)
         wrong = int((read[b] & ~expected[b]).sum()) + int((expected[b] & ~read[b]).sum())
-        verdict = "its own rows" if not wrong else f"{wrong} rows wrong"
-        ax.set_title(f"request {b} ({lens[b] if b < len(lens) else '?'} tokens): {verdict}", fontsize=9)
+        verdict = text("storage.rows_right") if not wrong else text("storage.rows_wrong", count=wrong)
+        length = lens[b] if b < len(lens) else "?"
+        ax.set_title(text("storage.request_rows", n=b, total=length, verdict=verdict), fontsize=9)
     figure.legend(
         handles=[
-            Patch(facecolor="#4c72b0", edgecolor="black", label="read, its own"),
-            Patch(facecolor="#c44e52", edgecolor="black", label="read, not its own"),
-            Patch(facecolor="white", edgecolor="#dd8452", linewidth=2.0, label="its own, not read"),
+            Patch(facecolor="#4c72b0", edgecolor="black", label=text("storage.read_own")),
+            Patch(facecolor="#c44e52", edgecolor="black", label=text("storage.read_other")),
+            Patch(facecolor="white", edgecolor="#dd8452", linewidth=2.0, label=text("storage.own_unread")),
         ],
         loc="outside lower center",
         ncol=3,
