@@ -3,6 +3,7 @@
     from minikv.exercises import check
     check("storage.slot_mapping", slot_mapping)   # a function: what passed, and the smallest failing case
     check("radix.evict", MyRadixCache)            # exercise 5 grades one method of your class
+    check("storage.slot_mapping", slot_mapping, lang="zh")   # the report in Chinese
 
 Each exercise runs real cases against minikv's own implementation: fresh
 managers, pools and caches built for every case, several sizes, and the edge
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..language import checked_language, language
 from ..radix_manager import RadixCacheManager
 
 # Each module registers its chapter's exercises; imported in chapter order, so that ids list in that order.
@@ -33,13 +35,18 @@ from ._core import REGISTRY, run_check
 from ._report import CaseResult, CheckResult
 
 
-def check(exercise_id: str, fn: Callable[..., Any]) -> CheckResult:
+def check(exercise_id: str, fn: Callable[..., Any], *, lang: str | None = None) -> CheckResult:
     """Run every case of ``exercise_id`` against ``fn`` and return the verdict.
 
     In a notebook the result shows itself as a report; ``bool(result)`` and
-    ``result.passed`` say whether every case passed.
+    ``result.passed`` say whether every case passed. The report speaks ``lang``
+    (``"en"`` or ``"zh"``), by default the language set with
+    :func:`minikv.set_language`; it keeps that language when shown later.
     """
-    return run_check(exercise_id, fn)
+    if lang is None:
+        return run_check(exercise_id, fn)
+    with language(checked_language(lang, "lang")):
+        return run_check(exercise_id, fn)
 
 
 def tree_text(manager: RadixCacheManager) -> str:

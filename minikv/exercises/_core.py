@@ -47,6 +47,7 @@ from types import CodeType, FrameType, FunctionType, TracebackType
 from typing import Any, Generic, TypeVar
 
 from ..errors import ArgumentError, ArgumentTypeError
+from ..language import get_language, tr
 from ._report import CaseResult, CheckResult
 
 CASE_TIME_LIMIT_S = 20.0
@@ -80,10 +81,12 @@ def explain_a_kernel_compiled_for_no_gpu(error: BaseException | None) -> None:
 
     if error is not None and "active drivers" in str(error) and not torch.cuda.is_available():
         raise Mismatch(
-            "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
-            "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
-            "the kernel (the notebook's first cell does), then run the kernel's cell again.",
-            "a kernel that runs in Triton's interpreter",
+            tr(
+                "your kernel was set up to be compiled for a GPU, and this machine has none. Triton decides "
+                "when @triton.jit runs: call minikv.kernels.use_interpreter_without_cuda() before defining "
+                "the kernel (the notebook's first cell does), then run the kernel's cell again."
+            ),
+            tr("a kernel that runs in Triton's interpreter"),
             f"{type(error).__name__}: {error}",
         )
 
@@ -100,9 +103,9 @@ class LearnerRaised(Exception):
         """The learner's function or method that raised (``NaiveManager.evict``), empty if unknown."""
 
     def describe(self) -> str:
-        message = self.message
-        text = f"your function raised {type(self.error).__name__}" + (f": {message}" if message else "")
-        return text + (f" ({self.where})" if self.where else "")
+        return _raised_in_words(
+            tr("your function raised {error}", error=type(self.error).__name__), self.message, self.where
+        )
 
 
 class _TimedOut(BaseException):
@@ -117,7 +120,7 @@ def is_learners(error: BaseException) -> bool:
 
 def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
     """``text``, cut after ``limit`` characters with a note of how much was left out."""
-    return text if len(text) <= limit else text[:limit] + f" … ({len(text) - limit:,} more characters)"
+    return text if len(text) <= limit else text[:limit] + tr(" … ({n:,} more characters)", n=len(text) - limit)
 
 
 def message_of(error: BaseException) -> str:
@@ -127,7 +130,7 @@ def message_of(error: BaseException) -> str:
     except BaseException as failure:
         if not is_learners(failure):
             raise
-        return f"(its message could not be shown: str() raised {type(failure).__name__})"
+        return tr("(its message could not be shown: str() raised {error})", error=type(failure).__name__)
     return clip(text.strip())
 
 
@@ -143,15 +146,28 @@ class Case:
 @dataclass(frozen=True)
 class Exercise:
     id: str
-    title: str
+    title: str | Callable[[], str]
+    """The title, or a function that says it in the current language (``lambda: tr("...")``)."""
     make_cases: Callable[[], list[Case]]
+
+    def title_now(self) -> str:
+        """The title in the current language: a registry is filled at import, its titles are said at check time."""
+        return self.title() if callable(self.title) else self.title
 
 
 REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(exercise_id: str, title: str) -> Callable[[Callable[[], list[Case]]], Callable[[], list[Case]]]:
-    """Register a function that builds the cases of ``exercise_id``."""
+def exercise(
+    exercise_id: str, title: str | Callable[[], str]
+) -> Callable[[Callable[[], list[Case]]], Callable[[], list[Case]]]:
+    """Register a function that builds the cases of ``exercise_id``.
+
+    ``title`` is best a function, ``lambda: tr("the title")``: the registry is filled
+    when the module is imported, and a title translated then would keep that language.
+    The cases are built by ``make_cases`` at check time, so their descriptions can
+    be ``tr(...)`` calls written where the cases are made.
+    """
 
     def register(make_cases: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
         if exercise_id in REGISTRY:
@@ -193,11 +209,16 @@ _where_of: dict[int, tuple[BaseException, str]] = {}
 def outcome(error: BaseException | None, result: object = None, returned: str = "") -> str:
     """What the learner's function did, in words: what it returned, or what it raised and where."""
     if error is None:
-        return returned or f"returned {result!r}"
+        return returned or tr("returned {result}", result=repr(result))
     kept = _where_of.get(id(error))
     where = kept[1] if kept is not None and kept[0] is error else ""
-    message = message_of(error)
-    return f"raised {type(error).__name__}" + (f": {message}" if message else "") + (f" ({where})" if where else "")
+    return _raised_in_words(tr("raised {error}", error=type(error).__name__), message_of(error), where)
+
+
+def _raised_in_words(raised: str, message: str, where: str) -> str:
+    """``raised ValueError: its message (in f, at `line`)``: the error, its message if any, where if known."""
+    text = tr("{raised}: {message}", raised=raised, message=message) if message else raised
+    return tr("{text} ({where})", text=text, where=where) if where else text
 
 
 def unexpected(error: BaseException) -> LearnerRaised:
@@ -209,30 +230,38 @@ def unexpected(error: BaseException) -> LearnerRaised:
 def run_check(exercise_id: str, fn: Callable[..., Any]) -> CheckResult:
     if not isinstance(exercise_id, str) or exercise_id not in REGISTRY:
         known = ", ".join(sorted(REGISTRY))
-        raise ArgumentError(f"exercise_id: unknown exercise {exercise_id!r}; the exercises are {known}")
+        raise ArgumentError(
+            tr(
+                "exercise_id: unknown exercise {exercise_id}; the exercises are {known}",
+                exercise_id=repr(exercise_id),
+                known=known,
+            )
+        )
     if not callable(fn):
-        raise ArgumentTypeError(f"fn: pass your function (or class) itself, got {type(fn).__name__}")
+        raise ArgumentTypeError(tr("fn: pass your function (or class) itself, got {type}", type=type(fn).__name__))
     ex = REGISTRY[exercise_id]
     cases = ex.make_cases()
+    title, lang = ex.title_now(), get_language()
     own = minikv_own(fn)
     if own is not None:
-        return CheckResult(ex.id, ex.title, tuple(CaseResult(c.description, c.size, False, own) for c in cases))
+        return CheckResult(ex.id, title, tuple(CaseResult(c.description, c.size, False, own) for c in cases), lang)
     results: list[CaseResult] = []
     state = _ProcessState()
     try:
         for case in cases:
             try:
-                results.append(_run_case(case, fn))
+                result, timed_out = _run_case(case, fn)
+                results.append(result)
             finally:
                 state.restore()
-            if _timed_out(results[-1]):
-                skipped = "not run: an earlier case ran past the time limit."
+            if timed_out:
+                skipped = tr("not run: an earlier case ran past the time limit.")
                 results.extend(CaseResult(c.description, c.size, False, skipped) for c in cases[len(results) :])
                 break
     finally:
         _where_of.clear()
         state.restore()
-    return CheckResult(ex.id, ex.title, tuple(results))
+    return CheckResult(ex.id, title, tuple(results), lang)
 
 
 def minikv_own(fn: object) -> str | None:
@@ -246,9 +275,11 @@ def minikv_own(fn: object) -> str | None:
         managers = [k for k in target.__mro__ if issubclass(k, BaseCacheManager) and k is not BaseCacheManager]
         theirs = [k for k in managers if k.__module__.startswith("minikv.")]
         if theirs:
-            return (
-                f"{target.__name__} inherits from minikv's {theirs[0].__name__}, so it runs minikv's own answer. "
-                "Derive it from BaseCacheManager, as the skeleton does, and write the methods yourself."
+            return tr(
+                "{cls} inherits from minikv's {theirs}, so it runs minikv's own answer. "
+                "Derive it from BaseCacheManager, as the skeleton does, and write the methods yourself.",
+                cls=target.__name__,
+                theirs=theirs[0].__name__,
             )
         for klass in target.__mro__:  # a method of minikv's manager, set on the learner's class
             for name, value in vars(klass).items() if klass.__module__ != "builtins" else ():
@@ -259,18 +290,13 @@ def minikv_own(fn: object) -> str | None:
     code = getattr(target, "__code__", None)
     if isinstance(code, CodeType) and not _is_learner_code(code):
         name = getattr(target, "__qualname__", "a function")
-        return f"this is minikv's own answer, {name}: write your own and check that."
+        return tr("this is minikv's own answer, {name}: write your own and check that.", name=name)
     return None
 
 
-_TIMED_OUT = "so it was stopped; is there a loop that never ends?"
+def _run_case(case: Case, fn: Callable[..., Any]) -> tuple[CaseResult, bool]:
+    """The verdict on one case, and whether it ran past the time limit (then the check stops)."""
 
-
-def _timed_out(result: CaseResult) -> bool:
-    return not result.passed and result.problem.endswith(_TIMED_OUT)
-
-
-def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
     def failed(
         problem: str, expected: str = "", got: str = "", not_written: bool = False, size: int = -1
     ) -> CaseResult:
@@ -291,31 +317,46 @@ def _run_case(case: Case, fn: Callable[..., Any]) -> CaseResult:
     except Mismatch as mismatch:
         got = mismatch.got
         if got and got == mismatch.expected:  # the difference does not show in this rendering: say so
-            got = "the same, as shown here: the difference is the one named above"
-        return failed(mismatch.problem, mismatch.expected, got, size=-1 if mismatch.size is None else mismatch.size)
+            got = tr("the same, as shown here: the difference is the one named above")
+        size = -1 if mismatch.size is None else mismatch.size
+        return failed(mismatch.problem, mismatch.expected, got, size=size), False
     except LearnerRaised as learner:
         if type(learner.error) is NotImplementedError:
-            return failed(_stub_sentence(learner.function, fn), not_written=True)
-        return failed(learner.describe() + ".")
+            return failed(_stub_sentence(learner.function, fn), not_written=True), False
+        return failed(tr("{what}.", what=learner.describe())), False
     except _TimedOut:
         on = _input_in_words()
+        if on:
+            return failed(
+                tr(
+                    "this case took longer than {limit:.0f} s on the random input {input}, "
+                    "so it was stopped; is there a loop that never ends?",
+                    limit=CASE_TIME_LIMIT_S,
+                    input=on,
+                )
+            ), True
         return failed(
-            f"this case took longer than {CASE_TIME_LIMIT_S:.0f} s"
-            + (f" on the random input {on}" if on else "")
-            + f", {_TIMED_OUT}"
-        )
+            tr(
+                "this case took longer than {limit:.0f} s, so it was stopped; is there a loop that never ends?",
+                limit=CASE_TIME_LIMIT_S,
+            )
+        ), True
     except BaseException as error:  # the checker could not make sense of what the learner's code returned
         if not is_learners(error):
             raise
         on = _input_in_words()
         return failed(
-            "the checker could not use what your function returned "
-            f"({type(error).__name__}: {message_of(error)}); check the return type in the task's description."
-            + (f"\nThe input: {on}" if on else "")
-        )
+            tr(
+                "the checker could not use what your function returned ({error}: {message}); "
+                "check the return type in the task's description.",
+                error=type(error).__name__,
+                message=message_of(error),
+            )
+            + (tr("\nThe input: {input}", input=on) if on else "")
+        ), False
     finally:
         _ON_INPUT[0] = None
-    return CaseResult(case.description, case.size, True)
+    return CaseResult(case.description, case.size, True), False
 
 
 # -- learner-facing helpers -------------------------------------------------
@@ -335,8 +376,8 @@ def expect_equal(what: str, expected: Any, got: Any) -> None:
             from ._report import diff
 
             where, expected_text, got_text = diff(expected, got)
-            raise Mismatch(f"{what} is wrong: {where}.", expected_text, got_text)
-        raise Mismatch(f"{what} is wrong.", repr(expected), repr(got))
+            raise Mismatch(tr("{what} is wrong: {where}.", what=what, where=where), expected_text, got_text)
+        raise Mismatch(tr("{what} is wrong.", what=what), repr(expected), repr(got))
 
 
 def expect_int(what: str, got: Any) -> int:
@@ -348,7 +389,7 @@ def expect_int(what: str, got: Any) -> int:
     except ImportError:  # pragma: no cover - numpy is a dependency
         ok = isinstance(got, int) and not isinstance(got, bool)
     if not ok:
-        raise Mismatch(f"{what} must be an int.", "an int", f"{type(got).__name__}: {got!r}")
+        raise Mismatch(tr("{what} must be an int.", what=what), tr("an int"), f"{type(got).__name__}: {got!r}")
     return int(got)
 
 
@@ -358,7 +399,7 @@ def expect_slot_tensor(message: str, got: Any) -> None:
 
     if not isinstance(got, torch.Tensor) or got.dtype != torch.int32 or got.dim() != 1:
         shown = f"dtype {got.dtype}, shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)[:120]
-        raise Mismatch(message, "a 1-D int32 tensor", shown)
+        raise Mismatch(message, tr("a 1-D int32 tensor"), shown)
 
 
 # -- randomised cases, shrunk to the smallest failing input --------------------------
@@ -431,16 +472,28 @@ def random_case(
             measured = spec.size_of(value) if spec.size_of is not None else size
             if isinstance(failure, Mismatch) and failure.size is not None:  # the run ranked its failure itself
                 measured = failure.size
-            drawn = f"seed {case_seed}, size {size}" + (f", drawn as {kind}" if kind else "")
+            drawn = tr("seed {seed}, size {size}", seed=case_seed, size=size)
+            if kind:
+                drawn = tr("{drawn}, drawn as {kind}", drawn=drawn, kind=kind)
             if isinstance(failure, LearnerRaised):
                 if type(failure.error) is NotImplementedError:
                     raise failure
                 raise Mismatch(
-                    f"on a random input, {failure.describe()}.\nThe smallest input found that fails ({drawn}): {shown}",
+                    tr(
+                        "on a random input, {what}.\nThe smallest input found that fails ({drawn}): {shown}",
+                        what=failure.describe(),
+                        drawn=drawn,
+                        shown=shown,
+                    ),
                     size=measured,
                 )
             raise Mismatch(
-                f"{failure.problem}\nThe smallest random input found that fails ({drawn}): {shown}",
+                tr(
+                    "{problem}\nThe smallest random input found that fails ({drawn}): {shown}",
+                    problem=failure.problem,
+                    drawn=drawn,
+                    shown=shown,
+                ),
                 failure.expected,
                 failure.got,
                 size=measured,
@@ -607,10 +660,11 @@ def short(value: Any, limit: int = 12) -> str:
 
     if isinstance(value, torch.Tensor):
         items = value.flatten().tolist()
-        body = ", ".join(map(str, items[:limit])) + (f", ... ({len(items)} values)" if len(items) > limit else "")
+        more = tr(", ... ({n} values)", n=len(items)) if len(items) > limit else ""
+        body = ", ".join(map(str, items[:limit])) + more
         return f"tensor([{body}], dtype={value.dtype}, shape {tuple(value.shape)})"
     if isinstance(value, (list, tuple)) and len(value) > limit:
-        return repr(list(value[:limit]))[:-1] + f", ... ({len(value)} items)]"
+        return repr(list(value[:limit]))[:-1] + tr(", ... ({n} items)]", n=len(value))
     return repr(value)
 
 
@@ -619,8 +673,11 @@ def expect_unchanged(names: Iterable[str], before: Iterable[Any], after: Iterabl
     for name, old, new in zip(names, before, after, strict=True):
         if not same(old, new):
             raise Mismatch(
-                f"your function changed its argument `{name}`; the caller still needs it as it was, "
-                "so read it without writing to it (work on a copy if you must change something).",
+                tr(
+                    "your function changed its argument `{name}`; the caller still needs it as it was, "
+                    "so read it without writing to it (work on a copy if you must change something).",
+                    name=name,
+                ),
                 short(old),
                 short(new),
             )
@@ -648,7 +705,11 @@ def _where(tb: TracebackType | None) -> str:
         return ""
     frame = frames[-1]
     line = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
-    return f"in {frame.name}, at `{line}`" if line else f"in {frame.name}"
+    return (
+        tr("in {function}, at `{line}`", function=frame.name, line=line)
+        if line
+        else tr("in {function}", function=frame.name)
+    )
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
@@ -690,10 +751,16 @@ def _stub_sentence(function: str, fn: object) -> str:
     """Which stub stopped the case: the function under check, or one it calls, or one of the class's methods."""
     own = getattr(fn, "__qualname__", getattr(fn, "__name__", ""))
     if not function or function == own or function.endswith(">"):
-        return "your function still raises NotImplementedError: it is the stub."
+        return tr("your function still raises NotImplementedError: it is the stub.")
     if isinstance(fn, type) and function.startswith(f"{own}."):
-        return f"`{function}` still raises NotImplementedError: that method is still the stub; write it next."
-    return f"`{function}` still raises NotImplementedError: your code calls it, and it is still the stub."
+        return tr(
+            "`{function}` still raises NotImplementedError: that method is still the stub; write it next.",
+            function=function,
+        )
+    return tr(
+        "`{function}` still raises NotImplementedError: your code calls it, and it is still the stub.",
+        function=function,
+    )
 
 
 @contextlib.contextmanager

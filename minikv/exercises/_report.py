@@ -4,6 +4,10 @@ The report leads with the verdict, then the *smallest* failing case (fewest
 tokens, nodes or slots), because the smallest counter-example is the easiest to
 debug by hand. Text and HTML say the same thing; both are deterministic, so a
 notebook that stores them stays comparable by nbval.
+
+A result speaks the language it was made in (:attr:`CheckResult.language`): the
+cases' sentences were written in it when the check ran, so the headings around
+them are rendered in it too, whatever :func:`minikv.set_language` says later.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..language import tr
+from ..language import checked_language, language, tr
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class CheckResult:
     exercise_id: str
     title: str
     cases: tuple[CaseResult, ...] = field(default_factory=tuple)
+    language: str = "en"
+    """The language the check ran in (``"en"`` or ``"zh"``): the report is rendered in it."""
+
+    def __post_init__(self) -> None:
+        checked_language(self.language, "language")
 
     @property
     def passed(self) -> bool:
@@ -61,7 +70,8 @@ class CheckResult:
         return self.passed
 
     def headline(self) -> str:
-        verdict, advice = self._verdict()
+        with language(self.language):
+            verdict, advice = self._verdict()
         return f"{verdict} {advice}".rstrip()
 
     def _verdict(self) -> tuple[str, str]:
@@ -71,34 +81,51 @@ class CheckResult:
             return tr("✓ {exercise}: all {total} cases passed.", exercise=self.exercise_id, total=total), ""
         if self.not_written:
             named = self.cases[0].problem if self.cases[0].problem.startswith("`") else ""
+            not_yet = tr("✗ {exercise}: not written yet.", exercise=self.exercise_id)
             if named:  # a function or method it calls is the stub, not the one under check
-                return f"✗ {self.exercise_id}: not written yet.", f"{named} ({total} cases are waiting.)"
+                return not_yet, tr("{named} ({total} cases are waiting.)", named=named, total=total)
             return (
-                f"✗ {self.exercise_id}: not written yet.",
-                "Your function still raises NotImplementedError; replace the stub with your code "
-                f"and run the cell again ({total} cases are waiting).",
+                not_yet,
+                tr(
+                    "Your function still raises NotImplementedError; replace the stub with your code "
+                    "and run the cell again ({total} cases are waiting).",
+                    total=total,
+                ),
             )
-        return f"✗ {self.exercise_id}: {self.num_passed} of {total} cases passed.", ""
+        return tr(
+            "✗ {exercise}: {passed} of {total} cases passed.",
+            exercise=self.exercise_id,
+            passed=self.num_passed,
+            total=total,
+        ), ""
 
     def __str__(self) -> str:
+        with language(self.language):
+            return self._text()
+
+    def _text(self) -> str:
         lines = [self.headline()]
         failure = self.smallest_failure
         if failure is not None and not self.not_written:
             lines.append("")
-            lines.append(f"Smallest failing case: {failure.description}")
-            lines.extend(_indent(f"What went wrong: {failure.problem}", "  "))
+            lines.append(tr("Smallest failing case: {description}", description=failure.description))
+            lines.extend(_indent(tr("What went wrong: {problem}", problem=failure.problem), "  "))
             if failure.expected or failure.got:
-                lines.extend(_labelled("expected", failure.expected))
-                lines.extend(_labelled("got", failure.got))
+                lines.extend(_labelled(tr("expected:"), failure.expected))
+                lines.extend(_labelled(tr("got:"), failure.got))
         if not self.not_written:
             lines.append("")
-            lines.append("Cases:")
+            lines.append(tr("Cases:"))
             lines.extend(f"  {'✓' if case.passed else '✗'} {case.description}" for case in self.cases)
         return "\n".join(lines)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        with language(self.language):
+            return self._html()
+
+    def _html(self) -> str:
         colour = "#1a7f37" if self.passed else "#cf222e"
         parts = [
             '<div class="minikv-check" style="border-left: 4px solid ' + colour + '; padding: 0.3em 0.8em;">',
@@ -108,20 +135,25 @@ class CheckResult:
         failure = self.smallest_failure
         if failure is not None and not self.not_written:
             parts.append(
-                '<p style="margin: 0.4em 0 0.2em;"><strong>Smallest failing case:</strong> '
-                f"{_esc(failure.description)}</p>"
+                '<p style="margin: 0.4em 0 0.2em;"><strong>'
+                + _esc(tr("Smallest failing case:"))
+                + f"</strong> {_esc(failure.description)}</p>"
             )
-            parts.append(f'<p style="margin: 0.2em 0;"><strong>What went wrong:</strong> {_esc(failure.problem)}</p>')
+            parts.append(
+                '<p style="margin: 0.2em 0;"><strong>'
+                + _esc(tr("What went wrong:"))
+                + f"</strong> {_esc(failure.problem)}</p>"
+            )
             if failure.expected or failure.got:
                 parts.append(
                     "<pre>"
-                    + _esc("\n".join(_labelled("expected", failure.expected) + _labelled("got", failure.got)))
+                    + _esc("\n".join(_labelled(tr("expected:"), failure.expected) + _labelled(tr("got:"), failure.got)))
                     + "</pre>"
                 )
         if not self.not_written:
             items = "".join(f"<li>{'✓' if case.passed else '✗'} {_esc(case.description)}</li>" for case in self.cases)
             parts.append(
-                f"<details><summary>All {len(self.cases)} cases</summary>"
+                f"<details><summary>{_esc(tr('All {total} cases', total=len(self.cases)))}</summary>"
                 f'<ul style="list-style: none; padding-left: 0.5em;">{items}</ul></details>'
             )
         parts.append("</div>")
@@ -137,8 +169,8 @@ def _indent(text: str, prefix: str) -> list[str]:
 
 
 def _labelled(label: str, text: str) -> list[str]:
-    """``expected: first line`` with later lines aligned under it."""
-    head = f"  {label + ':':<10}"
+    """``expected: first line`` with later lines aligned under it (``label`` ends with its colon)."""
+    head = f"  {label:<10}"
     lines = text.splitlines() or [""]
     return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
 
@@ -156,16 +188,23 @@ def diff(expected: Sequence[object], got: Sequence[object], context: int = 2) ->
     opcodes = matcher.get_opcodes()
     first = next((op for op in opcodes if op[0] != "equal"), None)
     if first is None:
-        return "they are equal", _items(exp, set(), context), _items(got_, set(), context)
+        return tr("they are equal"), _items(exp, set(), context), _items(got_, set(), context)
     tag, i1, i2, j1, j2 = first
     if tag == "replace":
-        sentence = f"they first differ at position {i1}: expected {exp[i1]!r}, got {got_[j1]!r}"
+        sentence = tr(
+            "they first differ at position {i}: expected {expected}, got {got}",
+            i=i1,
+            expected=repr(exp[i1]),
+            got=repr(got_[j1]),
+        )
     elif tag == "delete":
-        sentence = f"from position {i1} on, {i2 - i1} item(s) are missing: {exp[i1:i2][:6]!r}"
+        sentence = tr(
+            "from position {i} on, {n} item(s) are missing: {items}", i=i1, n=i2 - i1, items=repr(exp[i1:i2][:6])
+        )
     else:
-        sentence = f"at position {i1}, {j2 - j1} item(s) are extra: {got_[j1:j2][:6]!r}"
+        sentence = tr("at position {i}, {n} item(s) are extra: {items}", i=i1, n=j2 - j1, items=repr(got_[j1:j2][:6]))
     if len(exp) != len(got_):
-        sentence += f" ({len(exp)} items expected, {len(got_)} got)"
+        sentence += tr(" ({expected} items expected, {got} got)", expected=len(exp), got=len(got_))
     marked_exp = {i for op in opcodes if op[0] != "equal" for i in range(op[1], op[2])}
     marked_got = {j for op in opcodes if op[0] != "equal" for j in range(op[3], op[4])}
     return sentence, _items(exp, marked_exp, context), _items(got_, marked_got, context)
@@ -184,4 +223,4 @@ def _items(items: list[object], marked: set[int], context: int) -> str:
         elif not skipped:
             out.append("…")
             skipped = True
-    return "[" + ", ".join(out) + "]" + (f"  ({len(items)} items)" if len(items) > 12 else "")
+    return "[" + ", ".join(out) + "]" + (tr("  ({n} items)", n=len(items)) if len(items) > 12 else "")

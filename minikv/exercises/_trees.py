@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import IntegrityError
+from ..language import tr
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
 from ..snapshot import NodeView, TreeSnapshot, node_path, outline
 from ._core import Mismatch
@@ -40,8 +41,14 @@ class Op:
     ids: tuple[int, ...]
 
     def describe(self) -> str:
-        words = {"insert": "insert", "match": "match", "lock": "lock the match of", "unlock": "unlock the match of"}
-        return f"{words[self.kind]} {list(self.ids)}"
+        ids = list(self.ids)
+        if self.kind == "insert":
+            return tr("insert {ids}", ids=ids)
+        if self.kind == "match":
+            return tr("match {ids}", ids=ids)
+        if self.kind == "lock":
+            return tr("lock the match of {ids}", ids=ids)
+        return tr("unlock the match of {ids}", ids=ids)
 
 
 def insert(*ids: int) -> Op:
@@ -67,7 +74,9 @@ class Recipe:
     ops: tuple[Op, ...]
     page_size: int = 1
     name: str = ""
-    """Used instead of listing the operations (for large random recipes)."""
+    """Used instead of listing the operations."""
+    drawn: tuple[int, int] | None = None
+    """``(num_prompts, seed)`` of a large random recipe, described by these instead of its operations."""
     scatter: int = 0
     """0: each prompt gets the next pages of the pool, so a node's slots count up. Otherwise the seed of a
     shuffle of the pool's pages: a node's pages are anywhere (as a real pool hands them out), so a healthy
@@ -104,8 +113,37 @@ class Recipe:
     def describe(self) -> str:
         if self.name:
             return self.name
-        steps = "; ".join(op.describe() for op in self.ops) if self.ops else "an empty tree"
-        return steps + (f" (page_size {self.page_size})" if self.page_size > 1 else "")
+        if self.drawn is not None:
+            return self._drawn_name(*self.drawn)
+        steps = "; ".join(op.describe() for op in self.ops) if self.ops else tr("an empty tree")
+        return (
+            tr("{steps} (page_size {page_size})", steps=steps, page_size=self.page_size)
+            if self.page_size > 1
+            else steps
+        )
+
+    def _drawn_name(self, num_prompts: int, seed: int) -> str:
+        """Said when the report is written, so in the language of the check."""
+        scattered = bool(self.scatter)
+        if self.page_size > 1 and scattered:
+            return tr(
+                "a random tree from {n} prompts (seed {seed}, page_size {page_size}, slots scattered over the pool)",
+                n=num_prompts,
+                seed=seed,
+                page_size=self.page_size,
+            )
+        if self.page_size > 1:
+            return tr(
+                "a random tree from {n} prompts (seed {seed}, page_size {page_size})",
+                n=num_prompts,
+                seed=seed,
+                page_size=self.page_size,
+            )
+        if scattered:
+            return tr(
+                "a random tree from {n} prompts (seed {seed}, slots scattered over the pool)", n=num_prompts, seed=seed
+            )
+        return tr("a random tree from {n} prompts (seed {seed})", n=num_prompts, seed=seed)
 
     @property
     def num_tokens(self) -> int:
@@ -146,13 +184,7 @@ def random_recipe(
             ops.append(lock(*prompt))
         if rng.random() < 0.3:
             ops.append(match(*rng.choice(prompts)))
-    name = (
-        f"a random tree from {num_prompts} prompts (seed {seed}"
-        + (f", page_size {page_size}" if page_size > 1 else "")
-        + (", slots scattered over the pool" if scatter else "")
-        + ")"
-    )
-    return Recipe(tuple(ops), page_size, name, scatter=seed + 1 if scatter else 0)
+    return Recipe(tuple(ops), page_size, drawn=(num_prompts, seed), scatter=seed + 1 if scatter else 0)
 
 
 # -- finding nodes without changing the tree ---------------------------------
@@ -173,7 +205,7 @@ def find_node(manager: RadixCacheManager, path: Sequence[int]) -> RadixTreeNode:
         node = child
         pos += len(node.key)
     if pos != len(path) or tuple(path_of(node)) != tuple(path):
-        raise Mismatch(f"no node of your tree ends at {_tokens(tuple(path))}: the tree lost that prefix.")
+        raise Mismatch(tr("no node of your tree ends at {path}: the tree lost that prefix.", path=_tokens(tuple(path))))
     return node
 
 
@@ -190,8 +222,10 @@ def _label(node: object) -> str:
     try:
         key = node.key.tolist()  # type: ignore[attr-defined]
     except Exception:
-        return "a node"
-    return "the root" if not len(key) and getattr(node, "parent", None) is None else f"the node {_tokens(tuple(key))}"
+        return tr("a node")
+    if not len(key) and getattr(node, "parent", None) is None:
+        return tr("the root")
+    return tr("the node {tokens}", tokens=_tokens(tuple(key)))
 
 
 def node_problem(manager: object) -> str | None:
@@ -204,15 +238,23 @@ def node_problem(manager: object) -> str | None:
         key, value, length = getattr(node, "key", None), getattr(node, "value", None), getattr(node, "length", None)
         name = _label(node)
         if not isinstance(key, np.ndarray) or key.dtype != np.int64 or key.ndim != 1:
-            what = f"a {key.dtype} array" if isinstance(key, np.ndarray) else type(key).__name__
-            return f"{name} has a key of type {what}: a key is a 1-D int64 NumPy array."
+            what = tr("a {dtype} array", dtype=key.dtype) if isinstance(key, np.ndarray) else type(key).__name__
+            return tr("{name} has a key of type {what}: a key is a 1-D int64 NumPy array.", name=name, what=what)
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int32 or value.dim() != 1:
-            what = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
-            return f"{name} has a value of type {what}: a value is a 1-D int32 tensor of slots."
+            what = (
+                tr("a {dtype} tensor", dtype=value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
+            )
+            return tr(
+                "{name} has a value of type {what}: a value is a 1-D int32 tensor of slots.", name=name, what=what
+            )
         if length != len(key) or length != len(value):
-            return (
-                f"{name} has length {length}, but its key holds {len(key)} tokens and its value {len(value)} "
-                "slots: set both with node.set_key_value(key, value), which keeps node.length in step."
+            return tr(
+                "{name} has length {length}, but its key holds {tokens} tokens and its value {slots} "
+                "slots: set both with node.set_key_value(key, value), which keeps node.length in step.",
+                name=name,
+                length=length,
+                tokens=len(key),
+                slots=len(value),
             )
         stack.extend(node.children.values())
     return None
@@ -225,33 +267,42 @@ def shape_problem(manager: object, yours: bool = True) -> str | None:
     checker broke on purpose, which is only described."""
     root = getattr(manager, "root_node", None)
     if root is None or not isinstance(getattr(root, "children", None), dict):
-        return "the cache has no root_node with a children dict: keep the given __init__, which makes them."
+        return tr("the cache has no root_node with a children dict: keep the given __init__, which makes them.")
     seen: dict[int, object] = {id(root): None}
     stack: list[tuple[object, tuple[int, ...]]] = [(root, (id(root),))]
     while stack:
         node, on_path = stack.pop()
         children = getattr(node, "children", None)
         if not isinstance(children, dict):
-            return f"{_label(node)} has children of type {type(children).__name__}, not a dict."
+            return tr(
+                "{node} has children of type {type}, not a dict.", node=_label(node), type=type(children).__name__
+            )
         for child in children.values():
             if id(child) in on_path:
                 if not yours:
-                    return (
-                        f"a cycle: {_label(child)} is listed among the children of {_label(node)}, which is below it."
+                    return tr(
+                        "a cycle: {child} is listed among the children of {node}, which is below it.",
+                        child=_label(child),
+                        node=_label(node),
                     )
-                return (
-                    f"your tree has a cycle: {_label(child)} is listed among the children of {_label(node)}, "
+                return tr(
+                    "your tree has a cycle: {child} is listed among the children of {node}, "
                     "which is below it. Look at where your code files a node in a children dict "
-                    "(set_parent files the node under its new parent)."
+                    "(set_parent files the node under its new parent).",
+                    child=_label(child),
+                    node=_label(node),
                 )
             if id(child) in seen:
-                return (
-                    f"{_label(child)} is listed in two places of your tree (under {_label(node)} and under "
-                    f"{_label(seen[id(child)])}): a node has one parent; file it under one only."
+                return tr(
+                    "{child} is listed in two places of your tree (under {node} and under "
+                    "{other}): a node has one parent; file it under one only.",
+                    child=_label(child),
+                    node=_label(node),
+                    other=_label(seen[id(child)]),
                 )
             seen[id(child)] = node
             if len(seen) > MAX_NODES:
-                return f"the tree has more than {MAX_NODES} nodes."
+                return tr("the tree has more than {n} nodes.", n=MAX_NODES)
             stack.append((child, (*on_path, id(child))))
     return None
 
@@ -341,16 +392,22 @@ def snapshot(manager: object, strict: bool = True) -> TreeSnapshot:
     if problem is not None:
         raise Mismatch(problem)
     if int(getattr(manager.root_node, "length", 0)) != 0:  # type: ignore[attr-defined]
-        raise Mismatch("the root must hold no tokens.")
+        raise Mismatch(tr("the root must hold no tokens."))
     try:
         return TreeSnapshot.of(manager, max_nodes=MAX_NODES)
     except IntegrityError:
-        raise Mismatch(f"the tree has more than {MAX_NODES} nodes: is a node listed as its own descendant?") from None
+        raise Mismatch(
+            tr("the tree has more than {n} nodes: is a node listed as its own descendant?", n=MAX_NODES)
+        ) from None
     except Exception as error:  # a node whose key or value is not an array, say
         raise Mismatch(
-            f"the tree could not be read ({type(error).__name__}: {error}): every node needs a key (a NumPy "
-            "int64 array), a value (an int32 tensor), ref_count and timestamp ints, and a children dict; "
-            "set key and value with node.set_key_value(key, value)."
+            tr(
+                "the tree could not be read ({error}: {message}): every node needs a key (a NumPy "
+                "int64 array), a value (an int32 tensor), ref_count and timestamp ints, and a children dict; "
+                "set key and value with node.set_key_value(key, value).",
+                error=type(error).__name__,
+                message=error,
+            )
         ) from None
 
 
@@ -380,14 +437,16 @@ def render(tree: TreeSnapshot, values: bool = True, times: bool = True) -> str:
 def _tokens(values: tuple[int, ...], limit: int = 10) -> str:
     if len(values) <= limit:
         return str(list(values))
-    return str(list(values[:limit]))[:-1] + f", … {len(values) - limit} more]"
+    return str(list(values[:limit]))[:-1] + tr(", … {n} more]", n=len(values) - limit)
 
 
 def compare(expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True, when: str = "") -> None:
     """Raise :class:`Mismatch` naming the first difference, with both trees drawn side by side and their diff."""
     problem = first_difference(expected, got, values, times)
     if problem is not None:
-        raise tree_mismatch(f"{when}: {problem}" if when else problem, expected, got, values, times)
+        raise tree_mismatch(
+            tr("{when}: {problem}", when=when, problem=problem) if when else problem, expected, got, values, times
+        )
 
 
 def tree_mismatch(
@@ -399,8 +458,10 @@ def tree_mismatch(
     return Mismatch(problem, side_by_side(left, right), line_diff(left, right, same))
 
 
-def side_by_side(left: str, right: str, titles: tuple[str, str] = ("the expected tree", "your tree")) -> str:
-    """Two drawings in two columns, the expected one on the left."""
+def side_by_side(left: str, right: str, titles: tuple[str, str] | None = None) -> str:
+    """Two drawings in two columns, the expected one on the left (titled "the expected tree", "your tree")."""
+    if titles is None:
+        titles = (tr("the expected tree"), tr("your tree"))
     a, b = [titles[0], *left.splitlines()], [titles[1], *right.splitlines()]
     width = max(len(line) for line in a)
     rows = [f"{x:<{width}}  │  {y}".rstrip() for x, y in itertools.zip_longest(a, b, fillvalue="")]
@@ -413,17 +474,18 @@ def line_diff(left: str, right: str, same: str = "") -> str:
     ``same``: what to say when the drawings do not differ (by default: the difference is the one named)."""
     changed = [line for line in difflib.ndiff(left.splitlines(), right.splitlines()) if line.startswith(("- ", "+ "))]
     if not changed:
-        return same or "the drawings are the same: the difference is the one named above, which they do not show"
-    return "what differs (- expected, + yours):\n" + "\n".join(changed)
+        return same or tr("the drawings are the same: the difference is the one named above, which they do not show")
+    return tr("what differs (- expected, + yours):") + "\n" + "\n".join(changed)
 
 
 def first_difference(expected: TreeSnapshot, got: TreeSnapshot, values: bool = True, times: bool = True) -> str | None:
     if got.root.ref_count != expected.root.ref_count:
-        return (
-            f"the root's ref_count should stay {expected.root.ref_count}, but it is {got.root.ref_count}: "
-            "never lock or unlock the root."
+        return tr(
+            "the root's ref_count should stay {expected}, but it is {got}: never lock or unlock the root.",
+            expected=expected.root.ref_count,
+            got=got.root.ref_count,
         )
-    problem = _first_node_difference(expected.root.children, got.root.children, "the root", values)
+    problem = _first_node_difference(expected.root.children, got.root.children, tr("the root"), values)
     if problem is not None:
         return problem
     if times:
@@ -432,9 +494,9 @@ def first_difference(expected: TreeSnapshot, got: TreeSnapshot, values: bool = T
             return problem
     (exp_evictable, exp_protected), (got_evictable, got_protected) = expected.size_info, got.size_info
     if got_evictable != exp_evictable:
-        return f"evictable_size should be {exp_evictable}, but it is {got_evictable}."
+        return tr("evictable_size should be {expected}, but it is {got}.", expected=exp_evictable, got=got_evictable)
     if got_protected != exp_protected:
-        return f"protected_size should be {exp_protected}, but it is {got_protected}."
+        return tr("protected_size should be {expected}, but it is {got}.", expected=exp_protected, got=got_protected)
     return None
 
 
@@ -447,28 +509,48 @@ def _first_node_difference(
         if key not in got_by_key:
             stray = next((g for g in got if g.tokens[:1] == node.tokens[:1]), None)
             if stray is not None:
-                return (
-                    f"under {where}, the child starting {_tokens(node.tokens[:3])} should be filed under "
-                    f"the key {key!r}, but it is filed under {stray.filed_under!r}."
+                return tr(
+                    "under {where}, the child starting {tokens} should be filed under "
+                    "the key {key}, but it is filed under {filed}.",
+                    where=where,
+                    tokens=_tokens(node.tokens[:3]),
+                    key=repr(key),
+                    filed=repr(stray.filed_under),
                 )
-            return f"under {where}, the node {_tokens(node.tokens)} is missing."
+            return tr("under {where}, the node {tokens} is missing.", where=where, tokens=_tokens(node.tokens))
     for key, node in got_by_key.items():
         if key not in exp_by_key:
-            return f"under {where}, there should be no node {_tokens(node.tokens)}."
+            return tr("under {where}, there should be no node {tokens}.", where=where, tokens=_tokens(node.tokens))
     for key, exp in exp_by_key.items():
         g = got_by_key[key]
-        name = f"the node {_tokens(exp.tokens)}"
+        name = tr("the node {tokens}", tokens=_tokens(exp.tokens))
         if g.tokens != exp.tokens:
-            return (
-                f"under {where}, the node should hold the tokens {_tokens(exp.tokens)}, "
-                f"but it holds {_tokens(g.tokens)}."
+            return tr(
+                "under {where}, the node should hold the tokens {expected}, but it holds {got}.",
+                where=where,
+                expected=_tokens(exp.tokens),
+                got=_tokens(g.tokens),
             )
         if values and g.slots != exp.slots:
-            return f"{name} should hold the slots {_tokens(exp.slots)}, but it holds {_tokens(g.slots)}."
+            return tr(
+                "{name} should hold the slots {expected}, but it holds {got}.",
+                name=name,
+                expected=_tokens(exp.slots),
+                got=_tokens(g.slots),
+            )
         if g.ref_count != exp.ref_count:
-            return f"{name} should have ref_count {exp.ref_count}, but it has {g.ref_count}."
+            return tr(
+                "{name} should have ref_count {expected}, but it has {got}.",
+                name=name,
+                expected=exp.ref_count,
+                got=g.ref_count,
+            )
         if not g.parent_ok:
-            return f"{name} is listed in the children of {where}, but its parent link points elsewhere."
+            return tr(
+                "{name} is listed in the children of {where}, but its parent link points elsewhere.",
+                name=name,
+                where=where,
+            )
         problem = _first_node_difference(exp.children, g.children, name, values)
         if problem is not None:
             return problem
@@ -483,27 +565,40 @@ def _time_order_difference(expected: TreeSnapshot, got: TreeSnapshot) -> str | N
     newest_exp = max((n.timestamp for n in exp_nodes), default=None)
     newest_got = max((n.timestamp for n in got_nodes), default=None)
     for exp, mine in zip(exp_nodes, got_nodes, strict=False):  # first, the usual slip: the time of the last use
-        name = f"the node {_tokens(exp.tokens)}"
+        name = tr("the node {tokens}", tokens=_tokens(exp.tokens))
         if exp.timestamp == newest_exp and mine.timestamp != newest_got:
-            return (
-                f"{name} was used by the latest walk, so it should carry the newest time in the tree "
-                f"(t={newest_got} in yours), but it has t={mine.timestamp}."
+            return tr(
+                "{name} was used by the latest walk, so it should carry the newest time in the tree "
+                "(t={newest} in yours), but it has t={t}.",
+                name=name,
+                newest=newest_got,
+                t=mine.timestamp,
             )
         if exp.timestamp != newest_exp and mine.timestamp == newest_got:
-            return (
-                f"{name} was not used by the latest walk and should keep its older time, "
-                f"but it has the newest time in your tree (t={mine.timestamp})."
+            return tr(
+                "{name} was not used by the latest walk and should keep its older time, "
+                "but it has the newest time in your tree (t={t}).",
+                name=name,
+                t=mine.timestamp,
             )
     for i, (a_exp, a_got) in enumerate(zip(exp_nodes, got_nodes, strict=False)):
         for b_exp, b_got in zip(exp_nodes[i + 1 :], got_nodes[i + 1 :], strict=False):
             want, have = _cmp(a_exp.timestamp, b_exp.timestamp), _cmp(a_got.timestamp, b_got.timestamp)
             if want != have:
-                a, b = f"the node {_tokens(a_exp.tokens)}", f"the node {_tokens(b_exp.tokens)}"
-                relation = {-1: "before", 0: "at the same time as", 1: "after"}
-                return (
-                    f"{a} should have been used {relation[want]} {b} "
-                    f"(t={a_exp.timestamp} and t={b_exp.timestamp} in the expected tree), "
-                    f"but in yours it was used {relation[have]} it (t={a_got.timestamp} and t={b_got.timestamp})."
+                a = tr("the node {tokens}", tokens=_tokens(a_exp.tokens))
+                b = tr("the node {tokens}", tokens=_tokens(b_exp.tokens))
+                relation = {-1: tr("before"), 0: tr("at the same time as"), 1: tr("after")}
+                return tr(
+                    "{a} should have been used {want} {b} (t={a_exp} and t={b_exp} in the expected tree), "
+                    "but in yours it was used {have} it (t={a_got} and t={b_got}).",
+                    a=a,
+                    b=b,
+                    want=relation[want],
+                    have=relation[have],
+                    a_exp=a_exp.timestamp,
+                    b_exp=b_exp.timestamp,
+                    a_got=a_got.timestamp,
+                    b_got=b_got.timestamp,
                 )
     return None  # pragma: no cover - equal ranks were ruled out above
 

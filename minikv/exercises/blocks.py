@@ -27,6 +27,7 @@ from typing import Any
 from .._validate import as_positive
 from ..block_manager import Block, BlockManager, Sequence, block_hashes, compute_hash
 from ..errors import OutOfSlotsError
+from ..language import tr
 from ._core import (
     Case,
     Draw,
@@ -72,12 +73,19 @@ class BlockPool:
 
 
 def _describe(pool: BlockPool | BlockManager) -> str:
-    used = [f"{b.block_id}(ref {b.ref_count}{', hashed' if b.hash != -1 else ''})" for b in pool.blocks if b.ref_count]
+    used = [
+        tr("{block}(ref {ref_count}, hashed)", block=b.block_id, ref_count=b.ref_count)
+        if b.hash != -1
+        else tr("{block}(ref {ref_count})", block=b.block_id, ref_count=b.ref_count)
+        for b in pool.blocks
+        if b.ref_count
+    ]
     cached = sorted(pool.hash_to_block.values())
-    return (
-        f"in use: {', '.join(used) or 'none'}\n"
-        f"free list: {list(pool.free_block_ids)}\n"
-        f"hash table points at blocks: {cached}"
+    return tr(
+        "in use: {used}\nfree list: {free}\nhash table points at blocks: {cached}",
+        used=", ".join(used) or tr("none"),
+        free=list(pool.free_block_ids),
+        cached=cached,
     )
 
 
@@ -108,35 +116,73 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
     for block_id, (e, g) in enumerate(zip(exp_blocks, got_blocks, strict=True)):
         if e[0] != g[0]:
             raise Mismatch(
-                f"{when}, block {block_id} should have ref_count {e[0]}, not {g[0]}.",
+                tr(
+                    "{when}, block {block} should have ref_count {expected}, not {got}.",
+                    when=when,
+                    block=block_id,
+                    expected=e[0],
+                    got=g[0],
+                ),
                 _describe(expected),
                 got.describe(),
             )
         if e[1] != g[1] or e[2] != g[2]:
-            state = "be hashed (it is full)" if e[1] != -1 else "carry no hash"
-            wrong = "its hash" if e[1] != g[1] else "its tokens"
             if e[1] != g[1] and e[2] != g[2]:
-                wrong = "its hash and its tokens"
+                wrong = tr("its hash and its tokens differ")
+            else:
+                wrong = tr("its hash differs") if e[1] != g[1] else tr("its tokens differ")
+            if e[1] != -1:
+                problem = tr(
+                    "{when}, block {block} should be hashed (it is full); {wrong}.",
+                    when=when,
+                    block=block_id,
+                    wrong=wrong,
+                )
+            else:
+                problem = tr(
+                    "{when}, block {block} should carry no hash; {wrong}.", when=when, block=block_id, wrong=wrong
+                )
             raise Mismatch(
-                f"{when}, block {block_id} should {state}; {wrong} differ.",
+                problem,
                 _block_line(block_id, e),
                 _block_line(block_id, g),
             )
     if exp_table != got_table:
         missing = sorted(set(exp_table.items()) - set(got_table.items()))
         extra = sorted(set(got_table.items()) - set(exp_table.items()))
-        problem = f"{when}, the hash table is wrong"
-        if extra:
-            problem += f": it should not map hash {extra[0][0]} to block {extra[0][1]}"
-            if got.blocks[extra[0][1]].hash != extra[0][0]:
-                problem += " (that block now holds other tokens: remove stale entries when a block is reused)"
+        if extra and got.blocks[extra[0][1]].hash != extra[0][0]:
+            problem = tr(
+                "{when}, the hash table is wrong: it should not map hash {hash} to block {block} "
+                "(that block now holds other tokens: remove stale entries when a block is reused).",
+                when=when,
+                hash=extra[0][0],
+                block=extra[0][1],
+            )
+        elif extra:
+            problem = tr(
+                "{when}, the hash table is wrong: it should not map hash {hash} to block {block}.",
+                when=when,
+                hash=extra[0][0],
+                block=extra[0][1],
+            )
         elif missing:
-            problem += f": it should map hash {missing[0][0]} to block {missing[0][1]}"
-        raise Mismatch(problem + ".", _table_text(exp_table), _table_text(got_table))
+            problem = tr(
+                "{when}, the hash table is wrong: it should map hash {hash} to block {block}.",
+                when=when,
+                hash=missing[0][0],
+                block=missing[0][1],
+            )
+        else:
+            problem = tr("{when}, the hash table is wrong.", when=when)
+        raise Mismatch(problem, _table_text(exp_table), _table_text(got_table))
     if exp_free != got_free:
         where, exp_text, got_text = diff(exp_free, got_free)
         raise Mismatch(
-            f"{when}, the free list is wrong (its order decides which block is reused next): {where}.",
+            tr(
+                "{when}, the free list is wrong (its order decides which block is reused next): {where}.",
+                when=when,
+                where=where,
+            ),
             exp_text,
             got_text,
         )
@@ -144,11 +190,18 @@ def _compare_pools(expected: BlockManager, got: BlockPool, when: str) -> None:
 
 def _block_line(block_id: int, state: tuple[Any, ...]) -> str:
     ref_count, hash_, tokens = state
-    return f"block {block_id}: ref_count {ref_count}, hash {hash_}, tokens {list(tokens)}"
+    return tr(
+        "block {block}: ref_count {ref_count}, hash {hash}, tokens {tokens}",
+        block=block_id,
+        ref_count=ref_count,
+        hash=hash_,
+        tokens=list(tokens),
+    )
 
 
 def _table_text(table: dict[int, int]) -> str:
-    return "{" + ", ".join(f"hash {h} -> block {b}" for h, b in sorted(table.items(), key=lambda item: item[1])) + "}"
+    entries = sorted(table.items(), key=lambda item: item[1])
+    return "{" + ", ".join(tr("hash {hash} -> block {block}", hash=h, block=b) for h, b in entries) + "}"
 
 
 @dataclass(frozen=True)
@@ -185,59 +238,66 @@ def _random_ops(seed: int, count: int, block_size: int) -> tuple[tuple[Any, ...]
     return tuple(ops)
 
 
-SCENARIOS = [
-    PoolScenario("an empty prompt needs no block", (("alloc", "A", ()),)),
-    PoolScenario(
-        "5 tokens, block_size 4: one full block (hashed) and one partial block (not hashed)",
-        (("alloc", "A", (1, 2, 3, 4, 5)),),
-    ),
-    PoolScenario(
-        "the same prompt while the first still runs: the full block is shared (ref_count 2)",
-        (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 5))),
-    ),
-    PoolScenario(
-        "a prompt of exactly two blocks, seen before: its last block is computed again, never reused",
-        (("alloc", "A", tuple(range(8))), ("alloc", "B", tuple(range(8)))),
-    ),
-    PoolScenario(
-        "the first block is shared, the second differs",
-        (("alloc", "A", (1, 2, 3, 4, 5, 6, 7, 8, 9)), ("alloc", "B", (1, 2, 3, 4, 9, 9, 9, 9, 9))),
-    ),
-    PoolScenario(
-        "after the first request finished, its freed block is taken back from the free list",
-        (("alloc", "A", (1, 2, 3, 4, 5)), ("free", "A"), ("alloc", "B", (1, 2, 3, 4, 6))),
-    ),
-    PoolScenario(
-        "a block whose hash matches but whose tokens differ (a collision) is not reused",
-        (("alloc", "A", (1, 2, 3, 4, 5)), ("collide", "A"), ("alloc", "B", (1, 2, 3, 4, 5))),
-    ),
-    PoolScenario(
-        "a reused block's old hash is removed from the hash table",
-        (("alloc", "A", (1, 2, 3, 4)), ("free", "A"), ("alloc", "B", (5, 6, 7, 8, 9)), ("alloc", "C", (1, 2, 3, 4, 1))),
-        num_blocks=2,
-    ),
-    PoolScenario(
-        "not enough free blocks: raise OutOfSlotsError and change nothing",
-        (("alloc", "A", tuple(range(12))), ("alloc", "B", tuple(range(20, 30)))),
-        num_blocks=4,
-    ),
-    PoolScenario(
-        "a cached prefix on free blocks: taking it back uses free blocks too",
-        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
-        num_blocks=4,
-    ),
-    PoolScenario(
-        "4 blocks needed, 2 of them cached but free, 3 free in all: OutOfSlotsError",
-        (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
-        num_blocks=3,
-    ),
-    PoolScenario(
-        "12 requests over a tiny vocabulary, block_size 2", _random_ops(1, 12, 2), num_blocks=24, block_size=2
-    ),
-    PoolScenario(
-        "12 requests over a tiny vocabulary, block_size 3", _random_ops(2, 12, 3), num_blocks=20, block_size=3
-    ),
-]
+def _scenarios() -> list[PoolScenario]:
+    """The hand-made histories both block checks replay, described in the current language."""
+    return [
+        PoolScenario(tr("an empty prompt needs no block"), (("alloc", "A", ()),)),
+        PoolScenario(
+            tr("5 tokens, block_size 4: one full block (hashed) and one partial block (not hashed)"),
+            (("alloc", "A", (1, 2, 3, 4, 5)),),
+        ),
+        PoolScenario(
+            tr("the same prompt while the first still runs: the full block is shared (ref_count 2)"),
+            (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 5))),
+        ),
+        PoolScenario(
+            tr("a prompt of exactly two blocks, seen before: its last block is computed again, never reused"),
+            (("alloc", "A", tuple(range(8))), ("alloc", "B", tuple(range(8)))),
+        ),
+        PoolScenario(
+            tr("the first block is shared, the second differs"),
+            (("alloc", "A", (1, 2, 3, 4, 5, 6, 7, 8, 9)), ("alloc", "B", (1, 2, 3, 4, 9, 9, 9, 9, 9))),
+        ),
+        PoolScenario(
+            tr("after the first request finished, its freed block is taken back from the free list"),
+            (("alloc", "A", (1, 2, 3, 4, 5)), ("free", "A"), ("alloc", "B", (1, 2, 3, 4, 6))),
+        ),
+        PoolScenario(
+            tr("a block whose hash matches but whose tokens differ (a collision) is not reused"),
+            (("alloc", "A", (1, 2, 3, 4, 5)), ("collide", "A"), ("alloc", "B", (1, 2, 3, 4, 5))),
+        ),
+        PoolScenario(
+            tr("a reused block's old hash is removed from the hash table"),
+            (
+                ("alloc", "A", (1, 2, 3, 4)),
+                ("free", "A"),
+                ("alloc", "B", (5, 6, 7, 8, 9)),
+                ("alloc", "C", (1, 2, 3, 4, 1)),
+            ),
+            num_blocks=2,
+        ),
+        PoolScenario(
+            tr("not enough free blocks: raise OutOfSlotsError and change nothing"),
+            (("alloc", "A", tuple(range(12))), ("alloc", "B", tuple(range(20, 30)))),
+            num_blocks=4,
+        ),
+        PoolScenario(
+            tr("a cached prefix on free blocks: taking it back uses free blocks too"),
+            (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
+            num_blocks=4,
+        ),
+        PoolScenario(
+            tr("4 blocks needed, 2 of them cached but free, 3 free in all: OutOfSlotsError"),
+            (("alloc", "A", tuple(range(9))), ("free", "A"), ("alloc", "B", (*range(8), 50, 51, 52, 53, 54))),
+            num_blocks=3,
+        ),
+        PoolScenario(
+            tr("12 requests over a tiny vocabulary, block_size 2"), _random_ops(1, 12, 2), num_blocks=24, block_size=2
+        ),
+        PoolScenario(
+            tr("12 requests over a tiny vocabulary, block_size 3"), _random_ops(2, 12, 3), num_blocks=20, block_size=3
+        ),
+    ]
 
 
 def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | None, learner_allocates: bool) -> None:
@@ -252,7 +312,7 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
     tables: dict[str, list[int]] = {}
     sequences: dict[str, Sequence] = {}
     for number, op in enumerate(scenario.ops, 1):
-        when = f"after step {number} ({_describe_op(op)})"
+        when = tr("after step {number} ({op})", number=number, op=_describe_op(op))
         if op[0] == "collide":
             at = op[2] if len(op) > 2 else 0
             if op[1] not in tables or at >= len(tables[op[1]]):
@@ -277,21 +337,34 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
                 if expected is None:
                     if not isinstance(error, OutOfSlotsError):
                         raise Mismatch(
-                            f"step {number} needs more blocks than are free: "
-                            "raise OutOfSlotsError before changing anything.",
+                            tr(
+                                "step {number} needs more blocks than are free: "
+                                "raise OutOfSlotsError before changing anything.",
+                                number=number,
+                            ),
                             "OutOfSlotsError",
-                            outcome(error, returned="returned normally"),
+                            outcome(error, returned=tr("returned normally")),
                         )
                     if _state(mine) != before:
                         raise Mismatch(
-                            f"step {number} raised, but the pool had already changed: check first, then change."
+                            tr(
+                                "step {number} raised, but the pool had already changed: check first, then change.",
+                                number=number,
+                            )
                         )
                     continue
                 if error is not None:
-                    raise Mismatch(f"step {number} ({_describe_op(op)}): your function {outcome(error)}.")
+                    raise Mismatch(
+                        tr(
+                            "step {number} ({op}): your function {outcome}.",
+                            number=number,
+                            op=_describe_op(op),
+                            outcome=outcome(error),
+                        )
+                    )
                 table, cached = _unpack(result)
-                expect_equal(f"the block table of step {number}", expected[0], table)
-                expect_equal(f"the number of cached tokens of step {number}", expected[1], cached)
+                expect_equal(tr("the block table of step {number}", number=number), expected[0], table)
+                expect_equal(tr("the number of cached tokens of step {number}", number=number), expected[1], cached)
             else:
                 if expected is None:
                     continue
@@ -314,11 +387,16 @@ def _run_scenario(scenario: PoolScenario, allocate: _F | None, deallocate: _F | 
 
 def _describe_op(op: tuple[Any, ...]) -> str:
     if op[0] == "alloc":
-        return f"allocate {op[1]} = {list(op[2])}"
+        return tr("allocate {name} = {ids}", name=op[1], ids=list(op[2]))
     if op[0] == "free":
-        return f"deallocate {op[1]}"
-    which = "first block" if len(op) < 3 or op[2] == 0 else f"block {op[2]} (counting from 0)"
-    return f"corrupt {op[1]}'s {which} so its tokens no longer match its hash"
+        return tr("deallocate {name}", name=op[1])
+    if len(op) < 3 or op[2] == 0:
+        return tr("corrupt {name}'s first block so its tokens no longer match its hash", name=op[1])
+    return tr(
+        "corrupt {name}'s block {block} (counting from 0) so its tokens no longer match its hash",
+        name=op[1],
+        block=op[2],
+    )
 
 
 def _draw_ops(rng: random.Random, size: int) -> PoolScenario:
@@ -399,8 +477,11 @@ def _shrink_ops(scenario: PoolScenario) -> list[PoolScenario]:
 
 
 def _show_ops(scenario: PoolScenario) -> str:
-    return f"block_size {scenario.block_size}, {scenario.num_blocks} blocks: " + "; ".join(
-        _describe_op(op) for op in scenario.ops
+    return tr(
+        "block_size {block_size}, {num_blocks} blocks: {ops}",
+        block_size=scenario.block_size,
+        num_blocks=scenario.num_blocks,
+        ops="; ".join(_describe_op(op) for op in scenario.ops),
     )
 
 
@@ -409,15 +490,21 @@ def _random_pool_case(allocating: bool, seed: int) -> Case:
         _run_scenario(scenario, fn if allocating else None, None if allocating else fn, allocating)
 
     return random_case(
-        f"{POOL_DRAWS} random histories: block sizes 1-5, token ids up to 2^62, collisions on any block, "
-        "pools exactly as large as needed (give or take a block), long tables that hit stale hashes",
+        tr(
+            "{n} random histories: block sizes 1-5, token ids up to 2^62, collisions on any block, "
+            "pools exactly as large as needed (give or take a block), long tables that hit stale hashes",
+            n=POOL_DRAWS,
+        ),
         Draw(
             _draw_ops,
             run,
             _show_ops,
             _shrink_ops,
             lambda s: s.size,
-            classes=(("a pool of exactly the blocks needed ± 1", _draw_tight), ("stale hashes", _draw_stale)),
+            classes=(
+                (tr("a pool of exactly the blocks needed ± 1"), _draw_tight),
+                (tr("stale hashes"), _draw_stale),
+            ),
         ),
         seed=seed,
         max_size=12,
@@ -431,26 +518,28 @@ POOL_DRAWS, HASH_DRAWS = 1000, 3000
 
 def _unpack(result: object) -> tuple[list[int], int]:
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise Mismatch("return a pair (block_table, num_cached_tokens).", "(list of block ids, int)", repr(result))
+        raise Mismatch(
+            tr("return a pair (block_table, num_cached_tokens)."), tr("(list of block ids, int)"), repr(result)
+        )
     table, cached = result
     if not isinstance(table, list) or not all(isinstance(b, int) for b in table):
-        raise Mismatch("the block table must be a list of block ids (ints).", "list[int]", repr(table))
+        raise Mismatch(tr("the block table must be a list of block ids (ints)."), "list[int]", repr(table))
     return table, cached
 
 
 # -- the exercises ---------------------------------------------------------------------
 
 
-@exercise("blocks.block_hashes", "the chained hash of every full block")
+@exercise("blocks.block_hashes", lambda: tr("the chained hash of every full block"))
 def _hash_cases() -> list[Case]:
     inputs = [
-        ("no tokens", (), 4),
-        ("fewer tokens than one block: no full block, no hash", (1, 2, 3), 4),
-        ("exactly one block", (1, 2, 3, 4), 4),
-        ("two full blocks and a partial one", tuple(range(10)), 4),
-        ("the same block twice in a row: the chain gives each a different hash", (7, 7, 7, 7, 7, 7), 3),
-        ("block_size 1", (5, 6, 7), 1),
-        ("block_size 16, 50 tokens", tuple(i % 5 for i in range(50)), 16),
+        (tr("no tokens"), (), 4),
+        (tr("fewer tokens than one block: no full block, no hash"), (1, 2, 3), 4),
+        (tr("exactly one block"), (1, 2, 3, 4), 4),
+        (tr("two full blocks and a partial one"), tuple(range(10)), 4),
+        (tr("the same block twice in a row: the chain gives each a different hash"), (7, 7, 7, 7, 7, 7), 3),
+        (tr("block_size 1"), (5, 6, 7), 1),
+        (tr("block_size 16, 50 tokens"), tuple(i % 5 for i in range(50)), 16),
     ]
 
     def make(desc: str, ids: tuple[int, ...], block_size: int) -> Case:
@@ -458,20 +547,29 @@ def _hash_cases() -> list[Case]:
             got = call_watching(fn, ("token_ids", "block_size"), list(ids), block_size)
             expected = block_hashes(list(ids), block_size)
             if not isinstance(got, list):
-                raise Mismatch("return a list of ints.", "a list", type(got).__name__)
+                raise Mismatch(tr("return a list of ints."), tr("a list"), type(got).__name__)
             if got == expected:
                 return
             unchained = [compute_hash(ids[i : i + block_size]) for i in range(0, len(ids) - block_size + 1, block_size)]
             hint = ""
             if len(got) != len(expected):
-                hint = f" There are {len(ids) // block_size} full blocks; a partial block gets no hash."
+                hint = tr(" There are {n} full blocks; a partial block gets no hash.", n=len(ids) // block_size)
             elif got == unchained:
-                hint = (
+                hint = tr(
                     " Each block's hash must chain in the previous block's hash (prefix_hash), "
                     "so equal blocks at different places differ."
                 )
             where, exp_text, got_text = diff(expected, got)
-            raise Mismatch(f"block_hashes({_ids_text(ids)}, {block_size}) is wrong: {where}.{hint}", exp_text, got_text)
+            raise Mismatch(
+                tr(
+                    "{call} is wrong: {where}.{hint}",
+                    call=f"block_hashes({_ids_text(ids)}, {block_size})",
+                    where=where,
+                    hint=hint,
+                ),
+                exp_text,
+                got_text,
+            )
 
         return Case(desc, len(ids), run)
 
@@ -492,15 +590,18 @@ def _hash_cases() -> list[Case]:
 
     return [make(*i) for i in inputs] + [
         random_case(
-            f"{HASH_DRAWS} random token lists: any length (partial blocks too, and a whole number of blocks "
-            "give or take a token), block sizes 1-64, token ids up to 2^62",
+            tr(
+                "{n} random token lists: any length (partial blocks too, and a whole number of blocks "
+                "give or take a token), block sizes 1-64, token ids up to 2^62",
+                n=HASH_DRAWS,
+            ),
             Draw(
                 draw,
                 lambda fn, v: make("", *v).run(fn),
                 lambda v: f"block_hashes({list(v[0])}, {v[1]})",
                 shrink,
                 lambda v: len(v[0]),
-                classes=(("a whole number of blocks ± 1 token", near_whole_blocks),),
+                classes=((tr("a whole number of blocks ± 1 token"), near_whole_blocks),),
             ),
             seed=1300,
             max_size=12,
@@ -514,23 +615,23 @@ def _ids_text(ids: tuple[int, ...]) -> str:
     return text if len(text) < 200 else text[:200] + " ...]"
 
 
-@exercise("blocks.allocate", "a block table that reuses cached blocks, nano-vllm style")
+@exercise("blocks.allocate", lambda: tr("a block table that reuses cached blocks, nano-vllm style"))
 def _allocate_cases() -> list[Case]:
     def make(scenario: PoolScenario) -> Case:
         return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, fn, None, True))
 
-    return [make(s) for s in SCENARIOS] + [_random_pool_case(True, seed=1400)]
+    return [make(s) for s in _scenarios()] + [_random_pool_case(True, seed=1400)]
 
 
-@exercise("blocks.deallocate", "give a finished request's blocks back, keeping their hashes")
+@exercise("blocks.deallocate", lambda: tr("give a finished request's blocks back, keeping their hashes"))
 def _deallocate_cases() -> list[Case]:
-    scenarios = [s for s in SCENARIOS if any(op[0] == "free" for op in s.ops)] + [
+    freeing = [s for s in _scenarios() if any(op[0] == "free" for op in s.ops)] + [
         PoolScenario(
-            "three blocks freed at once: the tail goes back first",
+            tr("three blocks freed at once: the tail goes back first"),
             (("alloc", "A", tuple(range(11))), ("free", "A")),
         ),
         PoolScenario(
-            "a shared block survives until its last user leaves",
+            tr("a shared block survives until its last user leaves"),
             (("alloc", "A", (1, 2, 3, 4, 5)), ("alloc", "B", (1, 2, 3, 4, 6)), ("free", "A"), ("free", "B")),
         ),
     ]
@@ -538,4 +639,4 @@ def _deallocate_cases() -> list[Case]:
     def make(scenario: PoolScenario) -> Case:
         return Case(scenario.description, scenario.size, lambda fn: _run_scenario(scenario, None, fn, False))
 
-    return [make(s) for s in scenarios] + [_random_pool_case(False, seed=1500)]
+    return [make(s) for s in freeing] + [_random_pool_case(False, seed=1500)]

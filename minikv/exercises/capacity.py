@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from .. import capacity as _capacity
+from ..language import tr
 from ..radix_manager import RadixCacheManager
 from ._core import (
     Case,
@@ -29,38 +30,46 @@ from ._core import (
 
 _F = Callable[..., object]
 
-_SHAPES = [
-    # (description, num_layers, num_kv_heads, head_dim, dtype)
-    ("the smallest model: 1 layer, 1 head, head_dim 1, float32", 1, 1, 1, torch.float32),
-    ("Llama-2-7B (32 layers, 32 KV heads, head_dim 128) in bfloat16", 32, 32, 128, torch.bfloat16),
-    ("Llama-3-8B (32 layers, 8 KV heads: grouped-query attention) in bfloat16", 32, 8, 128, torch.bfloat16),
-    ("Llama-3-8B in float32", 32, 8, 128, torch.float32),
-    ("3 layers, 5 heads, head_dim 24 (nothing is a power of two) in float16", 3, 5, 24, torch.float16),
-    ("80 layers, 8 KV heads, head_dim 128 (a 70B model) in float16", 80, 8, 128, torch.float16),
-]
+
+def _shapes() -> list[tuple[str, int, int, int, torch.dtype]]:
+    """(description, num_layers, num_kv_heads, head_dim, dtype), described in the current language."""
+    return [
+        (tr("the smallest model: 1 layer, 1 head, head_dim 1, float32"), 1, 1, 1, torch.float32),
+        (tr("Llama-2-7B (32 layers, 32 KV heads, head_dim 128) in bfloat16"), 32, 32, 128, torch.bfloat16),
+        (tr("Llama-3-8B (32 layers, 8 KV heads: grouped-query attention) in bfloat16"), 32, 8, 128, torch.bfloat16),
+        (tr("Llama-3-8B in float32"), 32, 8, 128, torch.float32),
+        (tr("3 layers, 5 heads, head_dim 24 (nothing is a power of two) in float16"), 3, 5, 24, torch.float16),
+        (tr("80 layers, 8 KV heads, head_dim 128 (a 70B model) in float16"), 80, 8, 128, torch.float16),
+    ]
 
 
 @exercise(
     "capacity.kv_bytes_per_token",
-    "bytes of K and V for one token, all layers",
+    lambda: tr("bytes of K and V for one token, all layers"),
 )
 def _kv_bytes_cases() -> list[Case]:
     return [
         _bytes_case(desc, layers * heads * dim, _capacity.kv_bytes_per_token, layers, heads, dim, dtype)
-        for desc, layers, heads, dim, dtype in _SHAPES
+        for desc, layers, heads, dim, dtype in _shapes()
     ] + [_random_bytes_case(_capacity.kv_bytes_per_token, 1, seed=100)]
 
 
 @exercise(
     "capacity.mla_bytes_per_token",
-    "bytes per token under multi-head latent attention",
+    lambda: tr("bytes per token under multi-head latent attention"),
 )
 def _mla_cases() -> list[Case]:
     shapes = [
-        ("1 layer, latent rank 4, no RoPE part, float32", 1, 4, 0, torch.float32),
-        ("DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64) in bfloat16", 61, 512, 64, torch.bfloat16),
-        ("DeepSeek-V3 in float32", 61, 512, 64, torch.float32),
-        ("7 layers, rank 96, RoPE part 24, float16", 7, 96, 24, torch.float16),
+        (tr("1 layer, latent rank 4, no RoPE part, float32"), 1, 4, 0, torch.float32),
+        (
+            tr("DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64) in bfloat16"),
+            61,
+            512,
+            64,
+            torch.bfloat16,
+        ),
+        (tr("DeepSeek-V3 in float32"), 61, 512, 64, torch.float32),
+        (tr("7 layers, rank 96, RoPE part 24, float16"), 7, 96, 24, torch.float16),
     ]
 
     return [
@@ -116,9 +125,11 @@ def _random_bytes_case(reference: Callable[..., int], lowest_last: int, seed: in
         return (rng.randint(1, top), rng.randint(1, top), rng.randint(max(lowest_last, 1), top), rng.choice(odd))
 
     return random_case(
-        f"{BYTES_DRAWS} random shapes in every dtype (float64, ints, bool, complex, float8...), "
-        "dimensions of 1 and huge ones",
-        Draw(draw, run, show, shrink, classes=(("dimensions of 1", boundary), ("a rare dtype", rare_dtype))),
+        tr(
+            "{n} random shapes in every dtype (float64, ints, bool, complex, float8...), dimensions of 1 and huge ones",
+            n=BYTES_DRAWS,
+        ),
+        Draw(draw, run, show, shrink, classes=((tr("dimensions of 1"), boundary), (tr("a rare dtype"), rare_dtype))),
         seed=seed,
         max_size=60,
         count=BYTES_DRAWS,
@@ -133,13 +144,17 @@ def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: ob
     """The learner's function, called with ``args``, must return what ``reference`` returns, in bytes."""
 
     def run(fn: _F) -> None:
-        got = expect_int("the result", call(fn, *args))
+        got = expect_int(tr("the result"), call(fn, *args))
         expected = reference(*args)
         if got != expected:
             raise Mismatch(
-                f"{reference.__name__}({', '.join(map(str, args))}) is wrong{_ratio_hint(expected, got)}",
-                f"{expected:,} bytes",
-                f"{got:,} bytes",
+                tr(
+                    "{call} is wrong{hint}",
+                    call=f"{reference.__name__}({', '.join(map(str, args))})",
+                    hint=_ratio_hint(expected, got),
+                ),
+                tr("{n:,} bytes", n=expected),
+                tr("{n:,} bytes", n=got),
             )
 
     return Case(desc, weight, run)
@@ -147,23 +162,27 @@ def _bytes_case(desc: str, weight: int, reference: Callable[..., int], *args: ob
 
 @exercise(
     "capacity.tokens_that_fit",
-    "whole tokens whose KV fits in a memory budget",
+    lambda: tr("whole tokens whose KV fits in a memory budget"),
 )
 def _fit_cases() -> list[Case]:
     gib = 1024**3
     llama3 = _capacity.MODELS["Llama-3-8B"].bytes_per_token()
     budgets = [
-        ("no memory at all", 0, 100),
-        ("memory for exactly 3 tokens", 300, 100),
-        ("memory for 3 tokens and a bit more (a partial token does not count)", 399, 100),
-        ("less memory than one token needs", 99, 100),
-        ("Llama-3-8B in bfloat16 with 20 GiB left after the weights", 20 * gib, llama3),
-        ("DeepSeek-V3 (MLA) in bfloat16 with 20 GiB", 20 * gib, _capacity.MODELS["DeepSeek-V3"].bytes_per_token()),
+        (tr("no memory at all"), 0, 100),
+        (tr("memory for exactly 3 tokens"), 300, 100),
+        (tr("memory for 3 tokens and a bit more (a partial token does not count)"), 399, 100),
+        (tr("less memory than one token needs"), 99, 100),
+        (tr("Llama-3-8B in bfloat16 with 20 GiB left after the weights"), 20 * gib, llama3),
+        (
+            tr("DeepSeek-V3 (MLA) in bfloat16 with 20 GiB"),
+            20 * gib,
+            _capacity.MODELS["DeepSeek-V3"].bytes_per_token(),
+        ),
     ]
 
     def make(desc: str, memory: int, per_token: int) -> Case:
         def run(fn: _F) -> None:
-            got = expect_int("the result", call(fn, memory, per_token))
+            got = expect_int(tr("the result"), call(fn, memory, per_token))
             expect_equal(
                 f"tokens_that_fit({memory:,}, {per_token:,})", _capacity.tokens_that_fit(memory, per_token), got
             )
@@ -197,14 +216,20 @@ def _fit_cases() -> list[Case]:
 
     return [make(*budget) for budget in budgets] + [
         random_case(
-            f"{FIT_DRAWS} random budgets, up to 2^100 bytes (beyond what a float holds exactly), "
-            "many of them a whole number of tokens give or take a byte",
+            tr(
+                "{n} random budgets, up to 2^100 bytes (beyond what a float holds exactly), "
+                "many of them a whole number of tokens give or take a byte",
+                n=FIT_DRAWS,
+            ),
             Draw(
                 draw,
                 run_one,
                 lambda a: f"tokens_that_fit({a[0]}, {a[1]})",
                 shrink,
-                classes=(("a whole number of tokens ± 1 byte", near_a_whole_number), ("past 2^53", beyond_a_float)),
+                classes=(
+                    (tr("a whole number of tokens ± 1 byte"), near_a_whole_number),
+                    (tr("past 2^53"), beyond_a_float),
+                ),
             ),
             seed=300,
             max_size=48,
@@ -213,35 +238,43 @@ def _fit_cases() -> list[Case]:
     ]
 
 
-@exercise("capacity.cached_tokens_with_sharing", "KV rows a perfect prefix cache stores for a set of prompts")
+@exercise(
+    "capacity.cached_tokens_with_sharing", lambda: tr("KV rows a perfect prefix cache stores for a set of prompts")
+)
 def _sharing_cases() -> list[Case]:
     prompt_sets: list[tuple[str, list[list[int]]]] = [
-        ("no prompts", []),
-        ("one empty prompt", [[]]),
-        ("one prompt of 4 tokens", [[1, 2, 3, 4]]),
-        ("the same prompt twice", [[1, 2, 3], [1, 2, 3]]),
-        ("one prompt is a prefix of the other", [[1, 2, 3, 4, 5], [1, 2]]),
-        ("two prompts that share nothing", [[1, 2], [3, 4, 5]]),
-        ("a shared system prompt and three questions", [[9, 9, 9, 1, 2], [9, 9, 9, 3], [9, 9, 9, 1, 4, 5]]),
-        ("prompts in an order where neighbours share less than others do", [[1, 2, 3], [4, 5], [1, 2, 9]]),
+        (tr("no prompts"), []),
+        (tr("one empty prompt"), [[]]),
+        (tr("one prompt of 4 tokens"), [[1, 2, 3, 4]]),
+        (tr("the same prompt twice"), [[1, 2, 3], [1, 2, 3]]),
+        (tr("one prompt is a prefix of the other"), [[1, 2, 3, 4, 5], [1, 2]]),
+        (tr("two prompts that share nothing"), [[1, 2], [3, 4, 5]]),
+        (tr("a shared system prompt and three questions"), [[9, 9, 9, 1, 2], [9, 9, 9, 3], [9, 9, 9, 1, 4, 5]]),
+        (tr("prompts in an order where neighbours share less than others do"), [[1, 2, 3], [4, 5], [1, 2, 9]]),
         (
-            "a prompt that shares with an earlier one only after a later one",
+            tr("a prompt that shares with an earlier one only after a later one"),
             [[5, 1, 1], [5, 1, 2, 2], [5, 3], [5, 1, 2, 7]],
         ),
-        ("twelve prompts over a tiny vocabulary", [[(i * 7 + j * 3) % 3 for j in range(i % 5 + 2)] for i in range(12)]),
+        (
+            tr("twelve prompts over a tiny vocabulary"),
+            [[(i * 7 + j * 3) % 3 for j in range(i % 5 + 2)] for i in range(12)],
+        ),
     ]
 
     def make(desc: str, prompts: list[list[int]]) -> Case:
         def run(fn: _F) -> None:
             given = [list(p) for p in prompts]
-            got = expect_int("the result", call_watching(fn, ("prompts",), given))
+            got = expect_int(tr("the result"), call_watching(fn, ("prompts",), given))
             expected = _rows_in_a_radix_tree(prompts)
             if got != expected:
-                total = sum(len(p) for p in prompts)
                 raise Mismatch(
-                    f"for the prompts {_short_prompts(prompts)}, a radix tree holding all of them "
-                    f"stores {expected} rows "
-                    f"(without sharing it would be {total}).",
+                    tr(
+                        "for the prompts {prompts}, a radix tree holding all of them stores {expected} rows "
+                        "(without sharing it would be {total}).",
+                        prompts=_short_prompts(prompts),
+                        expected=expected,
+                        total=sum(len(p) for p in prompts),
+                    ),
                     str(expected),
                     str(got),
                 )
@@ -291,15 +324,21 @@ def _sharing_cases() -> list[Case]:
 
     return [make(*s) for s in prompt_sets] + [
         random_case(
-            f"{SHARING_DRAWS} random prompt sets, in any order, with token ids up to 2^40, "
-            "many nested over ids like 2, 20 and 200",
+            tr(
+                "{n} random prompt sets, in any order, with token ids up to 2^40, "
+                "many nested over ids like 2, 20 and 200",
+                n=SHARING_DRAWS,
+            ),
             Draw(
                 draw,
                 run_one,
                 lambda p: str([list(x) for x in p]),
                 shrink,
                 lambda p: sum(map(len, p)),
-                classes=(("nested prompts over 2, 20, 200", digits_run_together), ("repeats", many_repeats)),
+                classes=(
+                    (tr("nested prompts over 2, 20, 200"), digits_run_together),
+                    (tr("repeats"), many_repeats),
+                ),
             ),
             seed=400,
             max_size=12,
@@ -326,12 +365,14 @@ def _rows_in_a_radix_tree(prompts: list[list[int]]) -> int:
 def _ratio_hint(expected: int, got: int) -> str:
     """Name the usual slips when the answer is off by a telling factor."""
     if got > 0 and expected % got == 0 and expected // got in (2, 4):
-        return (
-            f": it is 1/{expected // got} of the right answer. "
-            "Did you count both K and V, and every layer, and use the dtype's element size?"
+        return tr(
+            ": it is 1/{k} of the right answer. "
+            "Did you count both K and V, and every layer, and use the dtype's element size?",
+            k=expected // got,
         )
     if expected > 0 and got % expected == 0 and got // expected in (2, 4):
-        return (
-            f": it is {got // expected} times the right answer. Is something counted twice, or the element size wrong?"
+        return tr(
+            ": it is {k} times the right answer. Is something counted twice, or the element size wrong?",
+            k=got // expected,
         )
-    return "."
+    return tr(".")

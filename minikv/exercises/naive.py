@@ -15,6 +15,7 @@ import torch
 
 from ..base import BaseCacheHandle
 from ..errors import OutOfSlotsError
+from ..language import tr
 from ..lifecycle import serve
 from ..page_pool import PagePool
 from ._core import (
@@ -45,10 +46,13 @@ def _make(fn: _F) -> Any:
 
 def _expect_empty_slots(what: str, got: object) -> None:
     if not isinstance(got, torch.Tensor):
-        raise Mismatch(f"{what} must return a tensor.", "an empty int32 tensor", repr(got))
+        raise Mismatch(tr("{what} must return a tensor.", what=what), tr("an empty int32 tensor"), repr(got))
     if got.dtype != torch.int32 or got.shape != (0,) or got.device.type != "cpu":
         raise Mismatch(
-            f"{what} must return an empty int32 tensor on the manager's device (slot indices are int32 everywhere).",
+            tr(
+                "{what} must return an empty int32 tensor on the manager's device (slot indices are int32 everywhere).",
+                what=what,
+            ),
             "tensor([], dtype=torch.int32), shape (0,)",
             f"dtype {got.dtype}, shape {tuple(got.shape)}, device {got.device}",
         )
@@ -56,7 +60,7 @@ def _expect_empty_slots(what: str, got: object) -> None:
 
 @exercise(
     "naive.manager",
-    "NaiveCacheManager: the manager that caches nothing",
+    lambda: tr("NaiveCacheManager: the manager that caches nothing"),
 )
 def _naive_cases() -> list[Case]:
     def match_case(fn: _F) -> None:
@@ -64,15 +68,17 @@ def _naive_cases() -> list[Case]:
         for ids in ([1, 2, 3], [], list(range(50)), [2**40, 7, 2**62]):
             result = call_watching(manager.match_prefix, ("input_ids",), torch.tensor(ids, dtype=torch.int64))
             if not (isinstance(result, tuple) and len(result) == 2):
-                raise Mismatch("match_prefix must return a pair (handle, indices).", "(handle, indices)", repr(result))
+                raise Mismatch(
+                    tr("match_prefix must return a pair (handle, indices)."), "(handle, indices)", repr(result)
+                )
             handle, indices = result
             if not isinstance(handle, BaseCacheHandle):
                 raise Mismatch(
-                    "the handle must be a BaseCacheHandle (a NaiveCacheHandle).",
+                    tr("the handle must be a BaseCacheHandle (a NaiveCacheHandle)."),
                     "NaiveCacheHandle(cached_len=0)",
                     repr(handle),
                 )
-            expect_equal(f"the handle's cached_len for {ids}", 0, handle.cached_len)
+            expect_equal(tr("the handle's cached_len for {ids}", ids=ids), 0, handle.cached_len)
             _expect_empty_slots("match_prefix", indices)
 
     def lock_case(fn: _F) -> None:
@@ -81,19 +87,22 @@ def _naive_cases() -> list[Case]:
         call(manager.lock_handle, handle)
         call(manager.lock_handle, handle, unlock=True)
         call(manager.lock_handle, handle, unlock=True)  # nothing was locked, and nothing can go wrong
-        expect_equal("size_info after locking", (0, 0), tuple(call(lambda: manager.size_info)))
+        expect_equal(tr("size_info after locking"), (0, 0), tuple(call(lambda: manager.size_info)))
 
     def insert_case(fn: _F) -> None:
         manager = _make(fn)
         for n in (3, 0, 7):
             ids, slots = torch.arange(n) * 2**40, torch.randperm(n + 5)[:n].to(torch.int32)
             got = expect_int(
-                "insert_prefix's result", call_watching(manager.insert_prefix, ("input_ids", "indices"), ids, slots)
+                tr("insert_prefix's result"), call_watching(manager.insert_prefix, ("input_ids", "indices"), ids, slots)
             )
             if got != n:
                 raise Mismatch(
-                    f"insert_prefix of {n} tokens must return {n}: 'all of it was already cached', "
-                    "so the caller frees indices[cached_len:already_cached], i.e. every slot it allocated.",
+                    tr(
+                        "insert_prefix of {n} tokens must return {n}: 'all of it was already cached', "
+                        "so the caller frees indices[cached_len:already_cached], i.e. every slot it allocated.",
+                        n=n,
+                    ),
                     str(n),
                     str(got),
                 )
@@ -103,7 +112,7 @@ def _naive_cases() -> list[Case]:
         got, error = raised(manager.insert_prefix, torch.arange(3), torch.arange(2, dtype=torch.int32))
         if not isinstance(error, ValueError):
             raise Mismatch(
-                "insert_prefix with 3 tokens but 2 slots must raise ValueError: the caller made a mistake.",
+                tr("insert_prefix with 3 tokens but 2 slots must raise ValueError: the caller made a mistake."),
                 "ValueError",
                 outcome(error, got),
             )
@@ -116,13 +125,15 @@ def _naive_cases() -> list[Case]:
         except LearnerRaised:
             return  # any error will do: there is nothing to evict
         raise Mismatch(
-            "evict(1) must raise: this manager holds nothing, so it cannot free anything.", "an exception", repr(got)
+            tr("evict(1) must raise: this manager holds nothing, so it cannot free anything."),
+            tr("an exception"),
+            repr(got),
         )
 
     def sizes_case(fn: _F) -> None:
         manager = _make(fn)
         info = call(lambda: manager.size_info)
-        expect_equal("size_info (evictable_size, protected_size)", (0, 0), tuple(info))
+        expect_equal(tr("size_info (evictable_size, protected_size)"), (0, 0), tuple(info))
         _expect_empty_slots("reset()", call(manager.reset))
         call(manager.check_integrity)
 
@@ -141,9 +152,13 @@ def _naive_cases() -> list[Case]:
                 again = get_again()
                 if not isinstance(again, torch.Tensor) or again.numel() != 0:
                     raise Mismatch(
-                        f"a caller resized the tensor {name} returned to it and wrote 7s into it; after that, "
-                        f"{other} returned that caller's values: every tensor a method returns must be the "
-                        "caller's own, a new one each time, never one tensor kept and handed out again.",
+                        tr(
+                            "a caller resized the tensor {name} returned to it and wrote 7s into it; after that, "
+                            "{other} returned that caller's values: every tensor a method returns must be the "
+                            "caller's own, a new one each time, never one tensor kept and handed out again.",
+                            name=name,
+                            other=other,
+                        ),
                         "tensor([], dtype=torch.int32)",
                         short(again),
                     )
@@ -163,10 +178,14 @@ def _naive_cases() -> list[Case]:
             for name, got in results:
                 if not isinstance(got, torch.Tensor) or got.device.type != wanted:
                     raise Mismatch(
-                        f"a manager made with device={device!r}: {name} must return its empty tensor on that "
-                        "device (the caller concatenates it with slots on that device).",
-                        f"a tensor on {wanted}",
-                        f"a tensor on {got.device}" if isinstance(got, torch.Tensor) else repr(got),
+                        tr(
+                            "a manager made with device={device}: {name} must return its empty tensor on that "
+                            "device (the caller concatenates it with slots on that device).",
+                            device=repr(device),
+                            name=name,
+                        ),
+                        tr("a tensor on {device}", device=wanted),
+                        tr("a tensor on {device}", device=got.device) if isinstance(got, torch.Tensor) else repr(got),
                     )
 
     def serve_case(prompts: list[list[int]], num_pages: int) -> Callable[[_F], None]:
@@ -179,20 +198,27 @@ def _naive_cases() -> list[Case]:
                 except LearnerRaised as learner:
                     if isinstance(learner.error, OutOfSlotsError):
                         raise Mismatch(
-                            f"request {number} found the pool out of slots: "
-                            "the earlier requests' slots were never given back.",
-                            f"{num_pages} free pages before each request",
-                            f"{pool.num_free_pages} free pages",
+                            tr(
+                                "request {number} found the pool out of slots: "
+                                "the earlier requests' slots were never given back.",
+                                number=number,
+                            ),
+                            tr("{n} free pages before each request", n=num_pages),
+                            tr("{n} free pages", n=pool.num_free_pages),
                         ) from None
                     raise
-                expect_equal(f"the cached_len of request {number}", 0, request.cached_len)
+                expect_equal(tr("the cached_len of request {number}", number=number), 0, request.cached_len)
                 if pool.num_free_pages != num_pages:
                     raise Mismatch(
-                        f"after request {number} finished, {num_pages - pool.num_free_pages} slots "
-                        "were never given back: "
-                        "finish frees indices[cached_len:already_cached], so insert_prefix must return len(indices).",
-                        f"{num_pages} free pages",
-                        f"{pool.num_free_pages} free pages",
+                        tr(
+                            "after request {number} finished, {n} slots were never given back: "
+                            "finish frees indices[cached_len:already_cached], "
+                            "so insert_prefix must return len(indices).",
+                            number=number,
+                            n=num_pages - pool.num_free_pages,
+                        ),
+                        tr("{n} free pages", n=num_pages),
+                        tr("{n} free pages", n=pool.num_free_pages),
                     )
 
         return run
@@ -214,36 +240,41 @@ def _naive_cases() -> list[Case]:
         return [(p, pages) for p in shrink_tuple(prompts, 1)]
 
     return [
-        Case("match_prefix always returns an empty match: cached_len 0 and an empty int32 tensor", 1, match_case),
-        Case("lock_handle and unlocking accept the handle and do nothing", 1, lock_case),
-        Case("insert_prefix claims everything is already cached: it returns len(indices)", 3, insert_case),
-        Case("insert_prefix with 3 tokens and 2 slots raises ValueError", 3, insert_mismatch_case),
-        Case("evict(0) returns an empty int32 tensor; evict(1) raises", 1, evict_case),
-        Case("size_info is (0, 0), reset() returns an empty int32 tensor, check_integrity() passes", 1, sizes_case),
-        Case("every empty tensor returned is the caller's own: resizing one changes no later result", 1, own_case),
+        Case(tr("match_prefix always returns an empty match: cached_len 0 and an empty int32 tensor"), 1, match_case),
+        Case(tr("lock_handle and unlocking accept the handle and do nothing"), 1, lock_case),
+        Case(tr("insert_prefix claims everything is already cached: it returns len(indices)"), 3, insert_case),
+        Case(tr("insert_prefix with 3 tokens and 2 slots raises ValueError"), 3, insert_mismatch_case),
+        Case(tr("evict(0) returns an empty int32 tensor; evict(1) raises"), 1, evict_case),
+        Case(tr("size_info is (0, 0), reset() returns an empty int32 tensor, check_integrity() passes"), 1, sizes_case),
+        Case(tr("every empty tensor returned is the caller's own: resizing one changes no later result"), 1, own_case),
         Case(
-            "the device given as a string or a torch.device, with or without an index: tensors land on it",
+            tr("the device given as a string or a torch.device, with or without an index: tensors land on it"),
             1,
             device_case,
         ),
         Case(
-            "three requests through the seven steps leak no slot",
+            tr("three requests through the seven steps leak no slot"),
             12,
             serve_case([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], 16),
         ),
         Case(
-            "requests that each fill the whole pool still fit, one after another", 16, serve_case([[1, 2, 3, 4]] * 4, 4)
+            tr("requests that each fill the whole pool still fit, one after another"),
+            16,
+            serve_case([[1, 2, 3, 4]] * 4, 4),
         ),
         random_case(
-            f"{NAIVE_DRAWS} random request sequences through the seven steps, token ids up to 2^40, "
-            "pools just large enough (many exactly as large as the longest prompt)",
+            tr(
+                "{n} random request sequences through the seven steps, token ids up to 2^40, "
+                "pools just large enough (many exactly as large as the longest prompt)",
+                n=NAIVE_DRAWS,
+            ),
             Draw(
                 draw,
                 lambda fn, v: serve_case([list(p) for p in v[0]], v[1])(fn),
-                lambda v: f"{v[1]} pages, prompts {[list(p) for p in v[0]]}",
+                lambda v: tr("{pages} pages, prompts {prompts}", pages=v[1], prompts=[list(p) for p in v[0]]),
                 shrink,
                 lambda v: sum(map(len, v[0])),
-                classes=(("a pool of exactly the longest prompt's pages", short_pool),),
+                classes=((tr("a pool of exactly the longest prompt's pages"), short_pool),),
             ),
             seed=1600,
             max_size=12,
