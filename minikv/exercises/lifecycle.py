@@ -376,7 +376,7 @@ def _admit_scenarios() -> list[Scenario]:
 # -- lifecycle.slots_to_free ---------------------------------------------------------
 
 
-@exercise("lifecycle.slots_to_free", "the slots a finished request gives back to the pool")
+@exercise("lifecycle.slots_to_free", lambda: tr("the slots a finished request gives back to the pool"))
 def _slots_to_free_cases() -> list[Case]:
     def make(scenario: Scenario) -> Case:
         def run(fn: _F) -> None:
@@ -702,7 +702,7 @@ def _no_evict_from(error: BaseException | None) -> None:
 
 @exercise(
     "lifecycle.admit",
-    "steps 1-3: match, lock, allocate",
+    lambda: tr("steps 1-3: match, lock, allocate"),
 )
 def _admit_cases() -> list[Case]:
     return [_scenario_case(s, _run_admit) for s in _admit_scenarios()] + [
@@ -870,7 +870,7 @@ def _unpack_admit(result: object) -> tuple[RadixCacheHandle, torch.Tensor]:
 
 @exercise(
     "lifecycle.finish",
-    "steps 4, 5 and 7: insert, free the duplicates, unlock",
+    lambda: tr("steps 4, 5 and 7: insert, free the duplicates, unlock"),
 )
 def _finish_cases() -> list[Case]:
     return [_scenario_case(s, _run_finish) for s in _finish_scenarios()] + [
@@ -930,7 +930,7 @@ def _run_finish(fn: _F, scenario: Scenario) -> None:
 
 @exercise(
     "lifecycle.serve",
-    "all seven steps of one request",
+    lambda: tr("all seven steps of one request"),
 )
 def _serve_cases() -> list[Case]:
     return [_scenario_case(s, _run_serve) for s in _serve_scenarios()] + [

@@ -498,7 +498,9 @@ def _check_probe(fn: _F) -> None:
         )
 
 
-exercise("paged_attention.decode_torch", "decode attention over paged K/V, in plain torch")(lambda: _decode_cases(24))
+exercise("paged_attention.decode_torch", lambda: tr("decode attention over paged K/V, in plain torch"))(
+    lambda: _decode_cases(24)
+)
 
 
 # -- paged_attention.online_softmax -------------------------------------------------------------------
@@ -574,7 +576,7 @@ def _check_online(fn: _F, spec: Blocks) -> None:
     raise Mismatch(problem, _row(expected.float()), _row(got64.float()))
 
 
-@exercise("paged_attention.online_softmax", "softmax(scores) @ values, one block at a time")
+@exercise("paged_attention.online_softmax", lambda: tr("softmax(scores) @ values, one block at a time"))
 def _online_cases() -> list[Case]:
     settings = [
         (tr("one block of 4"), Blocks((4,), 3)),
@@ -632,6 +634,6 @@ def _online_cases() -> list[Case]:
     ]
 
 
-exercise("paged_attention.decode", "the paged decode-attention kernel in Triton, and its launcher")(
+exercise("paged_attention.decode", lambda: tr("the paged decode-attention kernel in Triton, and its launcher"))(
     lambda: _decode_cases(6)
 )

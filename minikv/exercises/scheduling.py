@@ -437,7 +437,9 @@ def _show_workload(work: Workload, aging: bool = False) -> str:
 # -- scheduling.cached_prefix_len --------------------------------------------------------------------
 
 
-@exercise("scheduling.cached_prefix_len", "how much of a request admission would find cached, changing nothing")
+@exercise(
+    "scheduling.cached_prefix_len", lambda: tr("how much of a request admission would find cached, changing nothing")
+)
 def _prefix_cases() -> list[Case]:
     def make(desc: str, page_size: int, served: tuple[Prompt, ...], ids: Prompt) -> Case:
         return Case(desc, len(ids), lambda fn: _check_prefix(fn, page_size, served, ids))
@@ -611,11 +613,11 @@ def _engine_cases(aging: bool) -> list[Case]:
     ]
 
 
-@exercise("scheduling.lpm_order", "longest cached prefix first, ties in queue order, in the real engine")
+@exercise("scheduling.lpm_order", lambda: tr("longest cached prefix first, ties in queue order, in the real engine"))
 def _lpm_cases() -> list[Case]:
     return _queue_cases(aging=False) + _engine_cases(aging=False)
 
 
-@exercise("scheduling.aging_order", "longest prefix first, with waiting counted as cached tokens")
+@exercise("scheduling.aging_order", lambda: tr("longest prefix first, with waiting counted as cached tokens"))
 def _aging_cases() -> list[Case]:
     return _queue_cases(aging=True) + _engine_cases(aging=True)

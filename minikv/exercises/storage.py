@@ -58,7 +58,7 @@ def _device() -> torch.device:
 # -- storage.tp_head_range ------------------------------------------------------
 
 
-@exercise("storage.tp_head_range", "which KV heads one tensor-parallel rank stores")
+@exercise("storage.tp_head_range", lambda: tr("which KV heads one tensor-parallel rank stores"))
 def _tp_cases() -> list[Case]:
     splits = [
         (tr("a single GPU stores all 8 heads"), 8, 0, 1),
@@ -175,7 +175,7 @@ TP_DRAWS, VIEW_DRAWS, MAPPING_DRAWS = 1500, 1000, 3000
 # -- storage.page_first_view ----------------------------------------------------
 
 
-@exercise("storage.page_first_view", "the layer-first view of a page-first buffer, without copying")
+@exercise("storage.page_first_view", lambda: tr("the layer-first view of a page-first buffer, without copying"))
 def _view_cases() -> list[Case]:
     shapes = [
         (tr("3 pages, 2 layers, 1 head, head_dim 4"), 3, 2, 1, 4),
@@ -340,7 +340,7 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
 # -- storage.slot_mapping ---------------------------------------------------------
 
 
-@exercise("storage.slot_mapping", "the slot of each token position, from a request's page table")
+@exercise("storage.slot_mapping", lambda: tr("the slot of each token position, from a request's page table"))
 def _slot_mapping_cases() -> list[Case]:
     settings = [
         (tr("page_size 1: one page per token"), [5, 2, 9, 0], 0, 4, 1),
@@ -949,5 +949,7 @@ def _far_store(fn: _F, far_slot: int) -> None:
         )
 
 
-exercise("storage.store_torch", "write each token's K and V rows into its slot, in plain torch")(_store_cases)
-exercise("storage.store", "the store kernel in Triton, and its launcher")(_store_cases)
+exercise("storage.store_torch", lambda: tr("write each token's K and V rows into its slot, in plain torch"))(
+    _store_cases
+)
+exercise("storage.store", lambda: tr("the store kernel in Triton, and its launcher"))(_store_cases)
