@@ -970,13 +970,14 @@ class _LockStep:
     label: int = 0
 
     def describe(self) -> str:
+        ids = _short(self.ids)
         if self.kind == "lock":
-            return f"lock the match of {_short(self.ids)} (lock #{self.label})"
+            return tr("lock the match of {ids} (lock #{label})", ids=ids, label=self.label)
         if self.kind == "unlock":
-            return f"unlock lock #{self.label} (the match of {_short(self.ids)})"
+            return tr("unlock lock #{label} (the match of {ids})", ids=ids, label=self.label)
         if self.kind == "match":
-            return f"match {_short(self.ids)} (the checker's own walk, on both trees)"
-        return f"unlock the match of {_short(self.ids)}, which holds no lock of its own (must be refused)"
+            return tr("match {ids} (the checker's own walk, on both trees)", ids=ids)
+        return tr("unlock the match of {ids}, which holds no lock of its own (must be refused)", ids=ids)
 
 
 def _steps(*calls: tuple[str, tuple[int, ...]]) -> list[_LockStep]:
@@ -1031,7 +1032,10 @@ def _play_lock_step(
             subject,
             cache,
             LockError,
-            f"unlocking the match of {_short(ids)}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
+            tr(
+                "unlocking the match of {ids}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
+                ids=_short(ids),
+            ),
             cache.lock_handle,
             pair[0],
             unlock=True,
@@ -1041,14 +1045,14 @@ def _play_lock_step(
         handles[step.label] = pair
         subject.call(cache.lock_handle, pair[0])
         ref.lock_handle(pair[1])
-        when = f"after locking the match of {_short(ids)}"
+        what = tr("locking the match of {ids}", ids=_short(ids))
     else:
         pair = handles.pop(step.label)
         subject.call(cache.lock_handle, pair[0], unlock=True)
         ref.lock_handle(pair[1], unlock=True)
-        when = f"after unlocking the match of {_short(ids)}"
-    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=when)
-    _same_times(before, _trees.snapshot(cache), clock, cache.clock, when.replace("after ", ""))
+        what = tr("unlocking the match of {ids}", ids=_short(ids))
+    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
+    _same_times(before, _trees.snapshot(cache), clock, cache.clock, what)
 
 
 def _without(steps: tuple[_LockStep, ...], i: int) -> tuple[_LockStep, ...]:
@@ -1094,9 +1098,9 @@ def _shortest_failing(
 
 def _listing(tree: Recipe, steps: Sequence[_LockStep], failed_at: int) -> str:
     start, _ = tree.build()
-    lines = [f"on {tree.describe()}:", _trees.render(TreeSnapshot.of(start)), "the calls:"]
+    lines = [tr("on {tree}:", tree=tree.describe()), _trees.render(TreeSnapshot.of(start)), tr("the calls:")]
     for i, step in enumerate(steps):
-        lines.append(f"  {i + 1}. {step.describe()}" + ("   <- fails here" if i == failed_at else ""))
+        lines.append(f"  {i + 1}. {step.describe()}" + (tr("   <- fails here") if i == failed_at else ""))
     return "\n".join(lines)
 
 
@@ -1111,11 +1115,20 @@ def _lock_case(desc: str, tree: Recipe, steps: list[_LockStep], drawn: bool = Fa
             shown, found = tuple(steps), failed
             if drawn:
                 shown, found = _shortest_failing(subject, tree, shown, failed)
-            head = "the shortest sequence of calls found that fails" if drawn else "the calls"
-            problem = f"{head} has {len(shown)}; at call {found.index + 1}: {found.mismatch.problem}"
+            count, at, why = len(shown), found.index + 1, found.mismatch.problem
+            problem = (
+                tr(
+                    "the shortest sequence of calls found that fails has {count}; at call {call}: {problem}",
+                    count=count,
+                    call=at,
+                    problem=why,
+                )
+                if drawn
+                else tr("the calls has {count}; at call {call}: {problem}", count=count, call=at, problem=why)
+            )
             listing = _listing(tree, shown, found.index)
             expected = listing + ("\n\n" + found.mismatch.expected if found.mismatch.expected else "")
-            raise Mismatch(problem, expected, found.mismatch.got or "(see above)", size=len(shown)) from None
+            raise Mismatch(problem, expected, found.mismatch.got or tr("(see above)"), size=len(shown)) from None
 
     return Case(desc, tree.num_tokens + len(steps), _grade(("lock_handle",), body))
 
@@ -1214,7 +1227,8 @@ def _drawn_lock_cases(base: int, per_tree: int, refusals: bool) -> list[Case]:
             seed = base + 10 * t + d
             tree = random_recipe(seed, prompts, page_size=ps, vocab=vocab, max_len=max_len, scatter=d % 2 == 1)
             steps = _random_lock_steps(seed, tree, 14, refusals)
-            cases.append(_lock_case(f"{tree.describe()}, {len(steps)} calls drawn at random", tree, steps, drawn=True))
+            desc = tr("{tree}, {count} calls drawn at random", tree=tree.describe(), count=len(steps))
+            cases.append(_lock_case(desc, tree, steps, drawn=True))
     return cases
 
 
@@ -1228,16 +1242,16 @@ def _lock_cases() -> list[Case]:
     branches = recipe(insert(1, 2, 3), insert(1, 2, 9))
     fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
     return [
-        _lock_case("lock a prefix that is one node", single, _steps(("lock", (1, 2, 3)))),
-        _lock_case("lock and unlock a prefix that is one node", single, _steps(("lock", (1, 2, 3)), ("unlock", (1, 2, 3)))),
-        _lock_case("lock a deep node: every node up to the root is locked, the root is not", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)))),
-        _lock_case("lock the same prefix twice and unlock it once: it stays locked", chain, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("lock two branches that share a parent: the parent's ref_count is 2", branches, _steps(("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3)))),
-        _lock_case("a node locked itself and through two locked children: unlock it, then the children", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("the handle of an empty match (the root) locks nothing", single, _steps(("lock", (7, 7)), ("unlock", (7, 7)))),
-        _lock_case("a later match splits the locked node; unlocking still releases both halves", single, _steps(("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3)))),
-        _lock_case("page_size 2: lock and unlock", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), _steps(("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5)))),
-        _lock_case("page_size 4, slots scattered over the pool: lock, lock a branch, unlock", recipe(insert(*range(12)), insert(0, 1, 2, 3, 9, 9, 9, 9), page_size=4, scatter=5), _steps(("lock", tuple(range(12))), ("lock", (0, 1, 2, 3, 9, 9, 9, 9)), ("unlock", tuple(range(12))), ("unlock", (0, 1, 2, 3, 9, 9, 9, 9)))),
+        _lock_case(tr("lock a prefix that is one node"), single, _steps(("lock", (1, 2, 3)))),
+        _lock_case(tr("lock and unlock a prefix that is one node"), single, _steps(("lock", (1, 2, 3)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("lock a deep node: every node up to the root is locked, the root is not"), chain, _steps(("lock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case(tr("lock the same prefix twice and unlock it once: it stays locked"), chain, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("lock two branches that share a parent: the parent's ref_count is 2"), branches, _steps(("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("a node locked itself and through two locked children: unlock it, then the children"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("the handle of an empty match (the root) locks nothing"), single, _steps(("lock", (7, 7)), ("unlock", (7, 7)))),
+        _lock_case(tr("a later match splits the locked node; unlocking still releases both halves"), single, _steps(("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("page_size 2: lock and unlock"), recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), _steps(("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5)))),
+        _lock_case(tr("page_size 4, slots scattered over the pool: lock, lock a branch, unlock"), recipe(insert(*range(12)), insert(0, 1, 2, 3, 9, 9, 9, 9), page_size=4, scatter=5), _steps(("lock", tuple(range(12))), ("lock", (0, 1, 2, 3, 9, 9, 9, 9)), ("unlock", tuple(range(12))), ("unlock", (0, 1, 2, 3, 9, 9, 9, 9)))),
         *_drawn_lock_cases(300, 4, refusals=False),
     ]  # fmt: skip
 
@@ -1250,13 +1264,13 @@ def _harden_cases() -> list[Case]:
     chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
     fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
     return [
-        _lock_case("unlock what nobody locked: raise LockError, change nothing", chain, _steps(("refuse", (1, 2, 3, 4)))),
-        _lock_case("unlock a leaf whose parent another handle locked: LockError, nothing changes", chain, _steps(("lock", (1, 2)), ("refuse", (1, 2, 3, 4)), ("unlock", (1, 2)))),
-        _lock_case("unlock a node that only a deeper lock passes through: LockError, nothing changes", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4, 5, 6)))),
-        _lock_case("unlock a node whose count comes from two locked children (the sum, not the largest): LockError", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)), ("unlock", (1, 2, 5, 6)))),
-        _lock_case("a node locked itself and through two locked children may be unlocked once, then no more", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("unlock twice what was locked once: the second unlock is refused", fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
-        _lock_case("a lock survives a later split: the upper half holds no lock of its own", recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock what nobody locked: raise LockError, change nothing"), chain, _steps(("refuse", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock a leaf whose parent another handle locked: LockError, nothing changes"), chain, _steps(("lock", (1, 2)), ("refuse", (1, 2, 3, 4)), ("unlock", (1, 2)))),
+        _lock_case(tr("unlock a node that only a deeper lock passes through: LockError, nothing changes"), chain, _steps(("lock", (1, 2, 3, 4, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case(tr("unlock a node whose count comes from two locked children (the sum, not the largest): LockError"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)), ("unlock", (1, 2, 5, 6)))),
+        _lock_case(tr("a node locked itself and through two locked children may be unlocked once, then no more"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock twice what was locked once: the second unlock is refused"), fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
+        _lock_case(tr("a lock survives a later split: the upper half holds no lock of its own"), recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
         *_drawn_lock_cases(500, 5, refusals=True),
     ]  # fmt: skip
 
@@ -1272,15 +1286,20 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             if size < 0 or size > ref.size_info.evictable_size:
                 wanted = ValueError if size < 0 else EvictionError
                 reason = (
-                    "a negative size is a mistake"
+                    tr("a negative size is a mistake")
                     if size < 0
-                    else f"only {ref.size_info.evictable_size} slots are evictable"
+                    else tr("only {count} slots are evictable", count=ref.size_info.evictable_size)
                 )
                 _expect_refusal(
                     subject,
                     cache,
                     wanted,
-                    f"{what}: {reason}, so raise {wanted.__name__} before changing anything.",
+                    tr(
+                        "{what}: {reason}, so raise {error} before changing anything.",
+                        what=what,
+                        reason=reason,
+                        error=wanted.__name__,
+                    ),
                     cache.evict,
                     size,
                 )
@@ -1288,33 +1307,52 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             before, clock = _trees.snapshot(cache), cache.clock
             expected = ref.evict(size)
             got = subject.call(cache.evict, size)
-            expect_slot_tensor(f"{what} must return a 1-D int32 tensor of the freed slots.", got)
+            expect_slot_tensor(tr("{what} must return a 1-D int32 tensor of the freed slots.", what=what), got)
             problem = _trees.shape_problem(cache)
             if problem is not None:
-                raise Mismatch(f"after {what}: {problem}")
+                raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
             freed, wanted_slots = sorted(got.tolist()), sorted(expected.tolist())
+            before_call = "\n\n" + tr("the tree before the call:") + "\n" + _trees.render(before)
             if len(freed) > len(wanted_slots) and set(wanted_slots) < set(freed):
                 raise Mismatch(
-                    f"{what} evicted {len(freed)} slots, but {len(wanted_slots)} were needed: stop as soon as at least {size} slots are freed (a whole node may take you past {size}, but no node more).",
-                    f"{len(wanted_slots)} slots: {wanted_slots}\n\nthe tree before the call:\n" + _trees.render(before),
-                    f"{len(freed)} slots: {freed}",
+                    tr(
+                        "{what} evicted {freed} slots, but {needed} were needed: stop as soon as at least {size} slots are freed (a whole node may take you past {size}, but no node more).",
+                        what=what,
+                        freed=len(freed),
+                        needed=len(wanted_slots),
+                        size=size,
+                    ),
+                    _slots(wanted_slots) + before_call,
+                    _slots(freed),
                 )
             if len(freed) < size:
                 raise Mismatch(
-                    f"{what} evicted {len(freed)} slots, but {size} were asked for: free whole nodes until at least {size} are freed.",
-                    f"{len(wanted_slots)} slots: {wanted_slots}",
-                    f"{len(freed)} slots: {freed}",
+                    tr(
+                        "{what} evicted {freed} slots, but {size} were asked for: free whole nodes until at least {size} are freed.",
+                        what=what,
+                        freed=len(freed),
+                        size=size,
+                    ),
+                    _slots(wanted_slots),
+                    _slots(freed),
                 )
             if freed != wanted_slots:
                 raise Mismatch(
-                    f"{what} freed the wrong slots. Least recently used unlocked leaves go first, whole nodes at a time, and a parent whose last child went may be next.",
-                    str(sorted(expected.tolist())) + "\n\nthe tree before the call:\n" + _trees.render(before),
+                    tr(
+                        "{what} freed the wrong slots. Least recently used unlocked leaves go first, whole nodes at a time, and a parent whose last child went may be next.",
+                        what=what,
+                    ),
+                    str(sorted(expected.tolist())) + before_call,
                     str(sorted(got.tolist())),
                 )
-            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
+            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
             _same_times(before, _trees.snapshot(cache), clock, cache.clock, what)
 
     return Case(desc, tree.num_tokens, _grade(("evict",), body))
+
+
+def _slots(slots: list[int]) -> str:
+    return tr("{count} slots: {slots}", count=len(slots), slots=slots)
 
 
 def _random_evictions(seed: int, tree: Recipe) -> list[int]:
@@ -1340,21 +1378,21 @@ def _evict_cases() -> list[Case]:
     rnd_paged = random_recipe(32, 14, page_size=2, max_len=14, lock_every=5)
     big = random_recipe(33, 60, vocab=5, max_len=20, lock_every=6)
     return [
-        _evict_case("evict(0) frees nothing and returns an empty int32 tensor", leaf, [0]),
-        _evict_case("one leaf: evict(1) frees the whole leaf (4 slots)", leaf, [1]),
-        _evict_case("two leaves: the least recently used goes first", two, [1]),
-        _evict_case("the oldest leaf is locked: skip it", locked_old, [2]),
-        _evict_case("evict(5) must free two leaves", two, [5]),
-        _evict_case("two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next", family, [4, 1]),
-        _evict_case("a chain: freeing everything takes the leaf, then its parent, then the root's child", chain, [6]),
-        _evict_case("a parent with a locked child never becomes a leaf", partly_locked, [3, 2]),
-        _evict_case("more than is evictable: raise EvictionError, change nothing", locked_old, [6]),
-        _evict_case("a negative size: raise ValueError, change nothing", leaf, [-1]),
-        _evict_case("page_size 2: whole nodes of whole pages", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [1, 2]),
-        _evict_case(rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)),
-        _evict_case(rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)),
-        _evict_case(big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)),
-        *(_evict_case(t.describe() + ", evicted until nothing is left", t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
+        _evict_case(tr("evict(0) frees nothing and returns an empty int32 tensor"), leaf, [0]),
+        _evict_case(tr("one leaf: evict(1) frees the whole leaf (4 slots)"), leaf, [1]),
+        _evict_case(tr("two leaves: the least recently used goes first"), two, [1]),
+        _evict_case(tr("the oldest leaf is locked: skip it"), locked_old, [2]),
+        _evict_case(tr("evict(5) must free two leaves"), two, [5]),
+        _evict_case(tr("two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next"), family, [4, 1]),
+        _evict_case(tr("a chain: freeing everything takes the leaf, then its parent, then the root's child"), chain, [6]),
+        _evict_case(tr("a parent with a locked child never becomes a leaf"), partly_locked, [3, 2]),
+        _evict_case(tr("more than is evictable: raise EvictionError, change nothing"), locked_old, [6]),
+        _evict_case(tr("a negative size: raise ValueError, change nothing"), leaf, [-1]),
+        _evict_case(tr("page_size 2: whole nodes of whole pages"), recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [1, 2]),
+        _evict_case(tr("{tree}, some prompts locked, evicted until nothing is left", tree=rnd.describe()), rnd, _random_evictions(1, rnd)),
+        _evict_case(tr("{tree}, evicted until nothing is left", tree=rnd_paged.describe()), rnd_paged, _random_evictions(2, rnd_paged)),
+        _evict_case(tr("{tree}, some prompts locked, evicted until nothing is left", tree=big.describe()), big, _random_evictions(3, big)),
+        *(_evict_case(tr("{tree}, evicted until nothing is left", tree=t.describe()), t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
     ]  # fmt: skip
 
 
@@ -1371,13 +1409,16 @@ def _healthy_case(desc: str, tree: Recipe) -> Case:
             if type(learner.error) is NotImplementedError:
                 raise
             raise Mismatch(
-                f"this tree is healthy, but your check_integrity {outcome(learner.error)}.",
+                tr(
+                    "this tree is healthy, but your check_integrity {outcome}.",
+                    outcome=outcome(learner.error),
+                ),
                 _trees.render(before),
-                "(the same tree)",
+                tr("(the same tree)"),
             ) from None
-        _trees.compare(before, _trees.snapshot(cache), when="check_integrity must only read the tree")
+        _trees.compare(before, _trees.snapshot(cache), when=tr("check_integrity must only read the tree"))
 
-    return Case(f"a healthy tree passes: {desc}", tree.num_tokens, _grade(("check_integrity",), body))
+    return Case(tr("a healthy tree passes: {tree}", tree=desc), tree.num_tokens, _grade(("check_integrity",), body))
 
 
 Corruption = Callable[[Any, random.Random], str]
@@ -1403,8 +1444,8 @@ def _pick(cache: Any, rng: random.Random, ok: Callable[[Any], bool]) -> Any:
 
 
 def _where(node: RadixTreeNode) -> str:
-    kind = "an interior node" if node.children else "a leaf"
-    return f"{kind}, {_short(node.key.tolist())}"
+    key = _short(node.key.tolist())
+    return tr("an interior node, {key}", key=key) if node.children else tr("a leaf, {key}", key=key)
 
 
 def _negative_ref(cache: Any, rng: random.Random) -> str:
@@ -1451,7 +1492,7 @@ def _empty_node(cache: Any, rng: random.Random) -> str:
     empty = RadixTreeNode(parent.timestamp)
     empty.parent = parent
     parent.children[10**6 if cache.page_size == 1 else (10**6,) * cache.page_size] = empty
-    return "under the root" if parent is cache.root_node else f"under {_where(parent)}"
+    return tr("under the root") if parent is cache.root_node else tr("under {node}", node=_where(parent))
 
 
 def _shared_slot(cache: Any, rng: random.Random) -> str:
@@ -1472,17 +1513,17 @@ def _newer_child(cache: Any, rng: random.Random) -> str:
 
 def _root_locked_twice(cache: Any, rng: random.Random) -> str:
     cache.root_node.ref_count = 2
-    return "the root"
+    return tr("the root")
 
 
 def _evictable_high(cache: Any, rng: random.Random) -> str:
     cache.evictable_size += 1
-    return "the counter"
+    return tr("the counter")
 
 
 def _protected_low(cache: Any, rng: random.Random) -> str:
     cache.protected_size -= 1
-    return "the counter"
+    return tr("the counter")
 
 
 def _cycle(cache: Any, rng: random.Random) -> str:
@@ -1534,6 +1575,28 @@ CORRUPTIONS: dict[str, tuple[Corruption, int]] = {
 """Each way the checks break a tree, and the smallest page size it applies to (page rules need pages)."""
 
 
+def corruption_name(name: str) -> str:
+    """The name of a corruption (a key of :data:`CORRUPTIONS`) in the learner's language."""
+    names = {
+        "a negative ref_count": tr("a negative ref_count"),
+        "a child locked more often than its parent": tr("a child locked more often than its parent"),
+        "a node whose parent link points elsewhere": tr("a node whose parent link points elsewhere"),
+        "a child filed under the wrong key": tr("a child filed under the wrong key"),
+        "a node with fewer slots than tokens": tr("a node with fewer slots than tokens"),
+        "an empty node": tr("an empty node"),
+        "two nodes hold the same slot": tr("two nodes hold the same slot"),
+        "a child used more recently than its parent": tr("a child used more recently than its parent"),
+        "the root is locked twice": tr("the root is locked twice"),
+        "evictable_size is one too high": tr("evictable_size is one too high"),
+        "protected_size is one too low": tr("protected_size is one too low"),
+        "a node listed below itself (a cycle)": tr("a node listed below itself (a cycle)"),
+        "a node that is not whole pages": tr("a node that is not whole pages"),
+        "slots that do not count up within a page": tr("slots that do not count up within a page"),
+        "pages that do not start at a page border": tr("pages that do not start at a page border"),
+    }
+    return names.get(name, name)
+
+
 def _corrupt_case(name: str, corrupt: Corruption, tree: Recipe, seed: int) -> Case:
     def body(subject: Subject) -> None:
         cache, _, _, _ = _pair(subject, tree)
@@ -1549,13 +1612,27 @@ def _corrupt_case(name: str, corrupt: Corruption, tree: Recipe, seed: int) -> Ca
             error, how = learner.error, learner.describe()
         if not isinstance(error, IntegrityError):
             raise Mismatch(
-                f"the tree is corrupted ({name}: {where}), so check_integrity must raise IntegrityError.",
-                f"IntegrityError, for this tree:\n{shown}",
-                how if error is not None else "returned normally: the corruption was missed",
+                tr(
+                    "the tree is corrupted ({corruption}: {where}), so check_integrity must raise IntegrityError.",
+                    corruption=corruption_name(name),
+                    where=where,
+                ),
+                tr("IntegrityError, for this tree:") + "\n" + shown,
+                how if error is not None else tr("returned normally: the corruption was missed"),
             )
 
-    ps = f", page_size {tree.page_size}" if tree.page_size > 1 else ""
-    return Case(f"catch: {name} (seed {seed}{ps})", tree.num_tokens, _grade(("check_integrity",), body))
+    shown_name = corruption_name(name)
+    desc = (
+        tr(
+            "catch: {corruption} (seed {seed}, page_size {page_size})",
+            corruption=shown_name,
+            seed=seed,
+            page_size=tree.page_size,
+        )
+        if tree.page_size > 1
+        else tr("catch: {corruption} (seed {seed})", corruption=shown_name, seed=seed)
+    )
+    return Case(desc, tree.num_tokens, _grade(("check_integrity",), body))
 
 
 def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
@@ -1579,14 +1656,14 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
 def _integrity_cases() -> list[Case]:
     family = recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), insert(7, 8, 9), lock(1, 2, 5, 6))
     return [
-        _healthy_case("an empty tree", recipe()),
-        _healthy_case("a split node and a lock", family),
+        _healthy_case(tr("an empty tree"), recipe()),
+        _healthy_case(tr("a split node and a lock"), family),
         _healthy_case("page_size 2", recipe(insert(*range(6)), insert(0, 1, 9, 9), page_size=2)),
-        _healthy_case("a random tree with locks", random_recipe(41, 14, lock_every=3)),
-        _healthy_case("a random tree, page_size 4", random_recipe(42, 14, page_size=4, max_len=20, lock_every=4)),
-        _healthy_case("a random tree of 80 prompts with locks", random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
-        _healthy_case("slots scattered over the pool: a node's slots need not count up", recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
-        _healthy_case("page_size 2, slots scattered: whole pages, anywhere in the pool", recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
+        _healthy_case(tr("a random tree with locks"), random_recipe(41, 14, lock_every=3)),
+        _healthy_case(tr("a random tree, page_size 4"), random_recipe(42, 14, page_size=4, max_len=20, lock_every=4)),
+        _healthy_case(tr("a random tree of 80 prompts with locks"), random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
+        _healthy_case(tr("slots scattered over the pool: a node's slots need not count up"), recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
+        _healthy_case(tr("page_size 2, slots scattered: whole pages, anywhere in the pool"), recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
         *(_healthy_case(t.describe(), t) for t in drawn_trees(800, 60)),
         *(_corrupt_case(*c) for c in corruption_cases()),
     ]  # fmt: skip
@@ -1611,92 +1688,90 @@ def _page_cases() -> list[Case]:
     )
     paged_walks = [
         _walk_case(
-            "page_size 2: only whole pages match (5 tokens match at most 4)",
+            tr("page_size 2: only whole pages match (5 tokens match at most 4)"),
             eight2,
             [(0, 1, 2, 3, 4)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 4: the first page differs in its last token, so nothing matches",
+            tr("page_size 4: the first page differs in its last token, so nothing matches"),
             eight4,
             [(0, 1, 2, 9)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 2: the match ends inside a node, at a page border",
+            tr("page_size 2: the match ends inside a node, at a page border"),
             recipe(insert(*range(8)), insert(0, 1, 2, 3, 7, 7), page_size=2),
             [(0, 1, 2, 3, 4, 9, 9, 9)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 4: the match ends mid-page after the first page: round down to 4",
+            tr("page_size 4: the match ends mid-page after the first page: round down to 4"),
             recipe(insert(*range(12)), page_size=4),
             [(0, 1, 2, 3, 4, 5, 9, 9, 9)],
             ("walk", "match_len"),
         ),
-        _walk_case(rnd2.describe() + ", 10 walks", rnd2, _random_inputs(rng, rnd2, 10, 4, 14), ("walk", "match_len")),
-        _walk_case(rnd4.describe() + ", 10 walks", rnd4, _random_inputs(rng, rnd4, 10, 4, 24), ("walk", "match_len")),
+        _walk_case(_walks(rnd2, 10), rnd2, _random_inputs(rng, rnd2, 10, 4, 14), ("walk", "match_len")),
+        _walk_case(_walks(rnd4, 10), rnd4, _random_inputs(rng, rnd4, 10, 4, 24), ("walk", "match_len")),
         *(
-            _walk_case(
-                t.describe() + ", 10 walks", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len")
-            )
+            _walk_case(_walks(t, 10), t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len"))
             for t in drawn_trees(820, 30, (2, 3, 4, 8, 16))
         ),
     ]
     many = [_Insert(s.ids, kind=s.kind) for s in _random_inserts(94, 30, 3, 20)]
     inserts = [
         _insert_case(
-            "8 tokens into an empty tree with page_size 4: two pages",
+            tr("8 tokens into an empty tree with page_size 4: two pages"),
             recipe(page_size=4),
             [_Insert(tuple(range(8)))],
             trim=True,
         ),
         _insert_case(
-            "10 tokens with page_size 4: the last 2 are not inserted",
+            tr("10 tokens with page_size 4: the last 2 are not inserted"),
             recipe(page_size=4),
             [_Insert(tuple(range(10)))],
             trim=True,
         ),
         _insert_case(
-            "3 tokens with page_size 4: nothing is inserted, return 0",
+            tr("3 tokens with page_size 4: nothing is inserted, return 0"),
             recipe(page_size=4),
             [_Insert((1, 2, 3))],
             trim=True,
         ),
         _insert_case(
-            "the first page is cached: return 4 and insert the rest",
+            tr("the first page is cached: return 4 and insert the rest"),
             eight4,
             [_Insert((0, 1, 2, 3, 9, 9, 9, 9))],
             trim=True,
         ),
         _insert_case(
-            "every whole page is cached already: nothing is added", eight4, [_Insert((*range(8), 5))], trim=True
+            tr("every whole page is cached already: nothing is added"), eight4, [_Insert((*range(8), 5))], trim=True
         ),
         _insert_case(
-            "the new leaf hangs under a node split at a page border",
+            tr("the new leaf hangs under a node split at a page border"),
             eight4,
             [_Insert((0, 1, 2, 3, 4, 5, 9, 9))],
             trim=True,
         ),
         _insert_case(
-            "page_size 2, under a locked path, with handle=",
+            tr("page_size 2, under a locked path, with handle="),
             recipe(insert(*range(6)), lock(*range(4)), page_size=2),
             [_Insert((0, 1, 2, 3, 8, 8, 9), handle_of=(0, 1, 2, 3))],
             trim=True,
         ),
         _insert_case(
-            "page_size 2: twelve prompts, pages of slots in any order",
+            tr("page_size 2: twelve prompts, pages of slots in any order"),
             recipe(page_size=2),
             _random_inserts(95, 12, 3, 13),
             seed=3,
             trim=True,
         ),
         _insert_case(
-            "page_size 4: thirty prompts over a tiny vocabulary", recipe(page_size=4), many, seed=4, trim=True
+            tr("page_size 4: thirty prompts over a tiny vocabulary"), recipe(page_size=4), many, seed=4, trim=True
         ),
         *(
             _insert_case(
-                f"{t.describe()}: 12 more prompts",
+                tr("{tree}: 12 more prompts", tree=t.describe()),
                 t,
                 _random_inserts(840 + i, 12, 2, 5 * t.page_size),
                 seed=840 + i,
@@ -1707,11 +1782,11 @@ def _page_cases() -> list[Case]:
     ]
     matches = []
     match_inputs: list[tuple[str, Recipe, list[tuple[int, ...]]]] = [
-        ("page_size 2: match_prefix returns whole pages only", eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
-        ("page_size 4: a tail shorter than a page matches nothing more", eight4, [(0, 1, 2, 3, 4, 5, 6)]),
+        (tr("page_size 2: match_prefix returns whole pages only"), eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
+        (tr("page_size 4: a tail shorter than a page matches nothing more"), eight4, [(0, 1, 2, 3, 4, 5, 6)]),
     ]
     match_inputs += [
-        (t.describe() + ", 10 matches", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
+        (_matches(t, 10), t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
         for t in drawn_trees(860, 20, (2, 3, 4, 8, 16))
     ]
     for desc, tree, inputs in match_inputs:
@@ -1776,8 +1851,8 @@ def _history_case(page_size: int, seeds: range) -> Case:
                 hardened=hardened,
             )
 
-        histories = [("the fork history", fork_history(page_size))]
-        histories += [(f"history {seed}", random_history(seed, page_size)) for seed in seeds]
+        histories = [(tr("the fork history"), fork_history(page_size))]
+        histories += [(tr("history {seed}", seed=seed), random_history(seed, page_size)) for seed in seeds]
         for name, history in histories:
             failure = fails(history)
             if failure is None:
@@ -1787,14 +1862,25 @@ def _history_case(page_size: int, seeds: range) -> Case:
                 small, found = history, failure
             listing = describe_history(small, page_size, found.step)
             raise Mismatch(
-                f"{name} (page_size {page_size}) fails; the smallest history that still fails has "
-                f"{len(small)} steps. At step {found.step + 1}: {found.problem}",
+                tr(
+                    "{history} (page_size {page_size}) fails; the smallest history that still fails has "
+                    "{count} steps. At step {step}: {problem}",
+                    history=name,
+                    page_size=page_size,
+                    count=len(small),
+                    step=found.step + 1,
+                    problem=found.problem,
+                ),
                 listing + ("\n\n" + found.expected if found.expected else ""),
-                found.got or "(see above)",
+                found.got or tr("(see above)"),
             )
 
     return Case(
-        f"{len(seeds) + 1} histories of requests, matches, evictions and resets, page_size {page_size}",
+        tr(
+            "{count} histories of requests, matches, evictions and resets, page_size {page_size}",
+            count=len(seeds) + 1,
+            page_size=page_size,
+        ),
         30,
         _grade(tuple(TASKS), body),
     )
@@ -1820,8 +1906,25 @@ def explain_errors() -> Iterator[None]:
         frames = [f for f in traceback.extract_tb(error.__traceback__) if is_learner_file(f.filename)]
         last = frames[-1] if frames else None
         if type(error) is NotImplementedError and last is not None:
-            task = f" (Task {TASKS[last.name]})" if last.name in TASKS else ""
-            print(f"✗ {last.name} is still the stub{task}: write it, then run this cell again.")
+            task = tr(" (Task {task})", task=TASKS[last.name]) if last.name in TASKS else ""
+            print(
+                tr(
+                    "✗ {method} is still the stub{task}: write it, then run this cell again.",
+                    method=last.name,
+                    task=task,
+                )
+            )
         else:
-            where = f" (in {last.name}, at `{(last.line or '').strip()}`)" if last is not None else ""
-            print(f"✗ this cell stopped: {type(error).__name__}: {error}{where}.")
+            where = (
+                tr(" (in {function}, at `{line}`)", function=last.name, line=(last.line or "").strip())
+                if last is not None
+                else ""
+            )
+            print(
+                tr(
+                    "✗ this cell stopped: {error_type}: {error}{where}.",
+                    error_type=type(error).__name__,
+                    error=error,
+                    where=where,
+                )
+            )
