@@ -66,7 +66,7 @@ def english_runs(text: str, min_run: int = MIN_RUN) -> list[str]:
 def _shared_fragments() -> tuple[str, ...]:
     """The text of every string literal of two words or more in the shared modules (f-strings' literal
     parts included), longest first."""
-    texts = set()
+    texts: set[str] = set()
     for name in SHARED_MODULES:
         tree = ast.parse((EXERCISES / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
