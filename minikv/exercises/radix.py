@@ -90,7 +90,8 @@ class Subject:
 
     @property
     def name(self) -> str:
-        return getattr(self.cls, "__name__", None) or tr("your class")
+        name = getattr(self.cls, "__name__", None)
+        return tr("your class") if name is None else name
 
     # -- before anything runs --
 
