@@ -35,6 +35,7 @@ import torch
 
 from .. import radix_manager as _radix_module
 from ..errors import EvictionError, IntegrityError, LockError
+from ..language import tr
 from ..radix_manager import RadixCacheHandle, RadixCacheManager, RadixTreeNode, child_key
 from ..snapshot import TreeSnapshot
 from . import _trees
@@ -89,7 +90,8 @@ class Subject:
 
     @property
     def name(self) -> str:
-        return getattr(self.cls, "__name__", "your class")
+        name = getattr(self.cls, "__name__", None)
+        return tr("your class") if name is None else name
 
     # -- before anything runs --
 
@@ -100,13 +102,17 @@ class Subject:
             return  # a function: calling it as the constructor will say what it is
         missing = [name for name in self.own if not callable(getattr(cls, name, None))]
         if missing:
-            raise Mismatch(f"{self.name} has no method {missing[0]}: keep the skeleton's methods.")
+            raise Mismatch(
+                tr("{cls} has no method {method}: keep the skeleton's methods.", cls=self.name, method=missing[0])
+            )
         stubs = [name for name in self.own if is_stub(getattr(cls, name))]
         if stubs and (len(self.own) <= 3 or len(stubs) == len(self.own)):
             raise LearnerRaised(NotImplementedError(), "")
         if stubs:
-            listed = ", ".join(f"{name} (Task {TASKS[name]})" for name in stubs)
-            raise Mismatch(f"these methods of {self.name} are still stubs: {listed}. Write them first.")
+            listed = ", ".join(tr("{method} (Task {task})", method=name, task=TASKS[name]) for name in stubs)
+            raise Mismatch(
+                tr("these methods of {cls} are still stubs: {listed}. Write them first.", cls=self.name, listed=listed)
+            )
 
     def make(self, page_size: int = 1) -> Any:
         """A fresh cache of the learner's class, checked to start as the skeleton's ``__init__`` makes it."""
@@ -115,8 +121,11 @@ class Subject:
         root = getattr(cache, "root_node", None)
         if not isinstance(root, RadixTreeNode):
             raise Mismatch(
-                f"{made} must build a cache whose root_node is a RadixTreeNode: keep the skeleton's __init__.",
-                "a cache with root_node",
+                tr(
+                    "{made} must build a cache whose root_node is a RadixTreeNode: keep the skeleton's __init__.",
+                    made=made,
+                ),
+                tr("a cache with root_node"),
                 f"{type(cache).__name__}: {cache!r}"[:120],
             )
         state = (
@@ -130,17 +139,32 @@ class Subject:
         info = getattr(type(cache), "size_info", None)
         if callable(info):
             raise Mismatch(
-                f"{self.name}.size_info is a method: it must be a property, so that callers read cache.size_info "
-                "without calling it. Keep the skeleton's @property line above def size_info.",
-                "cache.size_info is a SizeInfo",
-                "cache.size_info is a bound method",
+                tr(
+                    "{cls}.size_info is a method: it must be a property, so that callers read cache.size_info "
+                    "without calling it. Keep the skeleton's @property line above def size_info.",
+                    cls=self.name,
+                ),
+                tr("cache.size_info is a SizeInfo"),
+                tr("cache.size_info is a bound method"),
             )
         if state != (True, 1, page_size, 0, 0, 0) or not callable(getattr(cache, "tick", None)):
             raise Mismatch(
-                f"{made} must start as the skeleton's __init__ makes it: an empty root with ref_count 1, "
-                f"page_size {page_size}, both counters 0, clock 0 and a tick() method.",
-                f"(empty root, ref_count 1, page_size {page_size}, 0, 0, clock 0)",
-                f"(empty root: {state[0]}, ref_count {state[1]}, page_size {state[2]}, {state[3]}, {state[4]}, clock {state[5]})",
+                tr(
+                    "{made} must start as the skeleton's __init__ makes it: an empty root with ref_count 1, "
+                    "page_size {page_size}, both counters 0, clock 0 and a tick() method.",
+                    made=made,
+                    page_size=page_size,
+                ),
+                tr("(empty root, ref_count 1, page_size {page_size}, 0, 0, clock 0)", page_size=page_size),
+                tr(
+                    "(empty root: {empty}, ref_count {ref_count}, page_size {page_size}, {evictable}, {protected}, clock {clock})",
+                    empty=state[0],
+                    ref_count=state[1],
+                    page_size=state[2],
+                    evictable=state[3],
+                    protected=state[4],
+                    clock=state[5],
+                ),
             )
         return cache
 
@@ -170,9 +194,13 @@ class Subject:
             return
         stub = names[-1]
         caller = next((n for n in reversed(names[:-1]) if n != stub), None)
-        via = f"your {caller} calls self.{stub}" if caller else f"this case needs self.{stub}"
-        task = f" (Task {TASKS[stub]})" if stub in TASKS else ""
-        raise Mismatch(f"{via}, which is still the stub{task}: write it first.") from None
+        via = (
+            tr("your {caller} calls self.{stub}", caller=caller, stub=stub)
+            if caller
+            else tr("this case needs self.{stub}", stub=stub)
+        )
+        task = tr(" (Task {task})", task=TASKS[stub]) if stub in TASKS else ""
+        raise Mismatch(tr("{via}, which is still the stub{task}: write it first.", via=via, task=task)) from None
 
 
 _OWN_OVERRIDE: list[tuple[str, ...]] = []
@@ -209,7 +237,11 @@ def _arr(ids: Sequence[int], writeable: bool = False) -> np.ndarray:
 
 def _short(ids: Sequence[int]) -> str:
     ids = list(ids)
-    return str(ids) if len(ids) <= 8 else f"[{ids[0]}, {ids[1]}, … {len(ids)} tokens …, {ids[-1]}]"
+    if len(ids) <= 8:
+        return str(ids)
+    return tr(
+        "[{first}, {second}, … {count} tokens …, {last}]", first=ids[0], second=ids[1], count=len(ids), last=ids[-1]
+    )
 
 
 def _pair(
@@ -262,13 +294,24 @@ def _same_times(
     """``what`` must change no node's last-use time and not tick the clock (it is not a use)."""
     if clock_after != clock_before:
         raise Mismatch(
-            f"{what} ticked the clock ({clock_before} → {clock_after}): it is not a use of the prefix, so it must leave the clock alone."
+            tr(
+                "{what} ticked the clock ({before} → {after}): it is not a use of the prefix, so it must leave the clock alone.",
+                what=what,
+                before=clock_before,
+                after=clock_after,
+            )
         )
     old = dict(_times(before))
     for key, t in _times(after):
         if key in old and old[key] != t:
             raise Mismatch(
-                f"{what} changed the last-use time of the node {_short(key)} (t={old[key]} → t={t}): only a walk stamps times."
+                tr(
+                    "{what} changed the last-use time of the node {node} (t={before} → t={after}): only a walk stamps times.",
+                    what=what,
+                    node=_short(key),
+                    before=old[key],
+                    after=t,
+                )
             )
 
 
@@ -292,10 +335,17 @@ def _expect_refusal(
         error = learner.error
         how = learner.describe()
     if not isinstance(error, wanted):
-        raise Mismatch(why, wanted.__name__, how if error is not None else "returned normally")
-    _trees.compare(before, _trees.snapshot(cache), when=f"after the refused call ({wanted.__name__})")
+        raise Mismatch(why, wanted.__name__, how if error is not None else tr("returned normally"))
+    _trees.compare(before, _trees.snapshot(cache), when=tr("after the refused call ({error})", error=wanted.__name__))
     if cache.clock != clock:
-        raise Mismatch(f"{why} The call was refused, so it must not tick the clock either ({clock} → {cache.clock}).")
+        raise Mismatch(
+            tr(
+                "{why} The call was refused, so it must not tick the clock either ({before} → {after}).",
+                why=why,
+                before=clock,
+                after=cache.clock,
+            )
+        )
 
 
 # -- radix.match_len ---------------------------------------------------------------------
@@ -305,27 +355,27 @@ def _expect_refusal(
 def _match_len_cases() -> list[Case]:
     long = list(range(1000))
     pairs: list[tuple[str, list[int], list[int]]] = [
-        ("an empty key", [], [1, 2]),
-        ("empty input_ids", [1, 2], []),
-        ("both empty", [], []),
-        ("a full match of equal length", [4, 5, 6], [4, 5, 6]),
-        ("input_ids longer than the key: the whole key matches", [4, 5], [4, 5, 6, 7]),
-        ("the key longer than input_ids: all of input_ids matches", [4, 5, 6, 7], [4, 5]),
-        ("the first tokens differ", [1, 2, 3], [9, 2, 3]),
-        ("the last token differs", [1, 2, 3], [1, 2, 9]),
-        ("a difference in the middle, and a later equal token", [1, 2, 3, 4, 5], [1, 2, 0, 4, 5]),
-        ("token ids above 2**31 and below 0", [2**40, -3, 2**31 + 1], [2**40, -3, 2**31 + 2]),
-        ("ids that agree in their low 32 bits only", [2**32 + 7, 1], [7, 1]),
-        ("ids above 2**53 that differ by one (a float cannot tell them apart)", [2**60, 2**60 + 1], [2**60, 2**60]),
-        ("1000 tokens that differ only at the end", long, [*long[:-1], -1]),
-        ("1000 equal tokens", long, list(long)),
+        (tr("an empty key"), [], [1, 2]),
+        (tr("empty input_ids"), [1, 2], []),
+        (tr("both empty"), [], []),
+        (tr("a full match of equal length"), [4, 5, 6], [4, 5, 6]),
+        (tr("input_ids longer than the key: the whole key matches"), [4, 5], [4, 5, 6, 7]),
+        (tr("the key longer than input_ids: all of input_ids matches"), [4, 5, 6, 7], [4, 5]),
+        (tr("the first tokens differ"), [1, 2, 3], [9, 2, 3]),
+        (tr("the last token differs"), [1, 2, 3], [1, 2, 9]),
+        (tr("a difference in the middle, and a later equal token"), [1, 2, 3, 4, 5], [1, 2, 0, 4, 5]),
+        (tr("token ids above 2**31 and below 0"), [2**40, -3, 2**31 + 1], [2**40, -3, 2**31 + 2]),
+        (tr("ids that agree in their low 32 bits only"), [2**32 + 7, 1], [7, 1]),
+        (tr("ids above 2**53 that differ by one (a float cannot tell them apart)"), [2**60, 2**60 + 1], [2**60, 2**60]),
+        (tr("1000 tokens that differ only at the end"), long, [*long[:-1], -1]),
+        (tr("1000 equal tokens"), long, list(long)),
     ]
     rng = random.Random(51)
     for i in range(400):
         common = [rng.choice([0, 1, rng.randrange(-(2**62), 2**62)]) for _ in range(rng.randint(0, 30))]
         a = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
         b = common + [rng.randrange(-(2**62), 2**62) for _ in range(rng.randint(0, 6))]
-        pairs.append((f"random arrays over the whole int64 range ({i + 1})", a, b))
+        pairs.append((tr("random arrays over the whole int64 range ({number})", number=i + 1), a, b))
 
     def make(desc: str, key: list[int], ids: list[int], strided: bool) -> Case:
         def body(subject: Subject) -> None:
@@ -336,14 +386,18 @@ def _match_len_cases() -> list[Case]:
             else:
                 k, i = _arr(key), _arr(ids)
             expected = _radix_module.match_len(_arr(key), _arr(ids))
-            got = expect_int("match_len's result", subject.call(cache.match_len, k, i))
+            got = expect_int(tr("match_len's result"), subject.call(cache.match_len, k, i))
             if got != expected:
-                raise Mismatch(f"match_len({_short(key)}, {_short(ids)}) is wrong.", str(expected), str(got))
+                raise Mismatch(
+                    tr("match_len({key}, {ids}) is wrong.", key=_short(key), ids=_short(ids)), str(expected), str(got)
+                )
             if k.tolist() != key or i.tolist() != ids:
-                raise Mismatch("match_len changed the arrays it was given: it must only read them.")
+                raise Mismatch(tr("match_len changed the arrays it was given: it must only read them."))
 
         return Case(
-            desc + (" (strided views)" if strided else ""), max(len(key), len(ids)), _grade(("match_len",), body)
+            tr("{case} (strided views)", case=desc) if strided else desc,
+            max(len(key), len(ids)),
+            _grade(("match_len",), body),
         )
 
     return [make(*p, strided=False) for p in pairs] + [make(*p, strided=True) for p in pairs[3:10:3]]
@@ -360,13 +414,16 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
             node, ref_node = _trees.find_node(cache, path), _trees.find_node(ref, path)
             assert node.parent is not None
             parent_path = _trees.path_of(node.parent)
-            what = f"split_at(the node {_short(path[len(parent_path) :])}, {pos})"
+            what = tr("split_at(the node {node}, {pos})", node=_short(path[len(parent_path) :]), pos=pos)
             if not 0 < pos < node.length:
                 _expect_refusal(
                     subject,
                     cache,
                     ValueError,
-                    f"{what} cannot make two non-empty halves: raise ValueError (ArgumentError is one) and change nothing.",
+                    tr(
+                        "{what} cannot make two non-empty halves: raise ValueError (ArgumentError is one) and change nothing.",
+                        what=what,
+                    ),
                     cache.split_at,
                     node,
                     pos,
@@ -377,37 +434,53 @@ def _split_case(desc: str, tree: Recipe, splits: list[tuple[tuple[int, ...], int
             upper = subject.call(cache.split_at, node, pos)
             ref_node.split_at(pos, ps)
             if not isinstance(upper, RadixTreeNode):
-                raise Mismatch(f"{what} must return the new upper node.", "a RadixTreeNode", repr(upper)[:120])
+                raise Mismatch(
+                    tr("{what} must return the new upper node.", what=what), tr("a RadixTreeNode"), repr(upper)[:120]
+                )
             if upper is node:
                 raise Mismatch(
-                    f"{what} returned the node it was given. That node must stay the *lower* half, because handles point at it and must still name the same prefix; a new node becomes the upper half."
+                    tr(
+                        "{what} returned the node it was given. That node must stay the *lower* half, because handles point at it and must still name the same prefix; a new node becomes the upper half.",
+                        what=what,
+                    )
                 )
             if id(upper) in before:
                 raise Mismatch(
-                    f"{what} returned a node that was already in the tree: the upper half must be a new RadixTreeNode, and the node you were given the lower half."
+                    tr(
+                        "{what} returned a node that was already in the tree: the upper half must be a new RadixTreeNode, and the node you were given the lower half.",
+                        what=what,
+                    )
                 )
             problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
             if problem is not None:
-                raise Mismatch(f"after {what}: {problem}")
+                raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
             if node.parent is not upper:
                 raise Mismatch(
-                    f"after {what}, the lower half's parent must be the upper node you returned: link it with node.set_parent(upper, self.page_size), which sets the parent and files it in upper.children."
+                    tr(
+                        "after {what}, the lower half's parent must be the upper node you returned: link it with node.set_parent(upper, self.page_size), which sets the parent and files it in upper.children.",
+                        what=what,
+                    )
                 )
             if _trees.path_of(node) != list(path):
                 raise Mismatch(
-                    f"after {what}, the node object you were given must be the *lower* half: handles point at it, and they must still name the same prefix.",
-                    f"a handle on it names {_short(path)}",
-                    f"it names {_short(_trees.path_of(node))}",
+                    tr(
+                        "after {what}, the node object you were given must be the *lower* half: handles point at it, and they must still name the same prefix.",
+                        what=what,
+                    ),
+                    tr("a handle on it names {prefix}", prefix=_short(path)),
+                    tr("it names {prefix}", prefix=_short(_trees.path_of(node))),
                 )
             if _trees.path_of(upper) != list(path[: len(parent_path) + pos]):
                 raise Mismatch(
-                    f"{what} must return the upper half, which ends after {pos} tokens.",
+                    tr("{what} must return the upper half, which ends after {pos} tokens.", what=what, pos=pos),
                     str(list(path[: len(parent_path) + pos])),
                     str(_trees.path_of(upper)),
                 )
-            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
+            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
             if cache.clock != clock:
-                raise Mismatch(f"{what} ticked the clock: a split is not a use, both halves keep the node's time.")
+                raise Mismatch(
+                    tr("{what} ticked the clock: a split is not a use, both halves keep the node's time.", what=what)
+                )
 
     return Case(desc, tree.num_tokens, _grade(("split_at",), body))
 
@@ -445,17 +518,17 @@ def _split_cases() -> list[Case]:
         random_recipe(9, 60, vocab=5, max_len=24, lock_every=7),
     ]
     return [
-        _split_case("split [1, 2, 3, 4] at 1", one, [((1, 2, 3, 4), 1)]),
-        _split_case("split [1, 2, 3, 4] at 3 (length - 1)", one, [((1, 2, 3, 4), 3)]),
-        _split_case("pos 0 or pos == length cannot split: raise ValueError and change nothing", one, [((1, 2, 3, 4), 0), ((1, 2, 3, 4), 4)]),
-        _split_case("a node with children: they stay under the lower half", with_child, [((1, 2, 3, 4, 5), 2)]),
-        _split_case("a node deep in the tree, whose parent has other children", deep, [((1, 2, 3, 4, 5, 6), 1)]),
-        _split_case("a node locked twice: both halves keep ref_count 2", locked, [((1, 2, 3, 4, 5), 3)]),
-        _split_case("split the same node twice", one, [((1, 2, 3, 4), 3), ((1, 2, 3, 4), 2)]),
-        _split_case("page_size 2: split a 6-token node after its first page", recipe(insert(*range(6)), page_size=2), [(tuple(range(6)), 2)]),
-        _split_case("page_size 4: split a 12-token node with a child after 8 tokens", recipe(insert(*range(12)), insert(*range(16)), page_size=4), [(tuple(range(12)), 8)]),
-        *(_split_case(t.describe() + f", split {n} times", t, _random_splits(s, t, n)) for s, (t, n) in enumerate(zip(trees, (6, 6, 6, 20), strict=True))),
-        *(_split_case(t.describe() + ", split 8 times", t, _random_splits(700 + i, t, 8)) for i, t in enumerate(drawn_trees(700, 48))),
+        _split_case(tr("split [1, 2, 3, 4] at 1"), one, [((1, 2, 3, 4), 1)]),
+        _split_case(tr("split [1, 2, 3, 4] at 3 (length - 1)"), one, [((1, 2, 3, 4), 3)]),
+        _split_case(tr("pos 0 or pos == length cannot split: raise ValueError and change nothing"), one, [((1, 2, 3, 4), 0), ((1, 2, 3, 4), 4)]),
+        _split_case(tr("a node with children: they stay under the lower half"), with_child, [((1, 2, 3, 4, 5), 2)]),
+        _split_case(tr("a node deep in the tree, whose parent has other children"), deep, [((1, 2, 3, 4, 5, 6), 1)]),
+        _split_case(tr("a node locked twice: both halves keep ref_count 2"), locked, [((1, 2, 3, 4, 5), 3)]),
+        _split_case(tr("split the same node twice"), one, [((1, 2, 3, 4), 3), ((1, 2, 3, 4), 2)]),
+        _split_case(tr("page_size 2: split a 6-token node after its first page"), recipe(insert(*range(6)), page_size=2), [(tuple(range(6)), 2)]),
+        _split_case(tr("page_size 4: split a 12-token node with a child after 8 tokens"), recipe(insert(*range(12)), insert(*range(16)), page_size=4), [(tuple(range(12)), 8)]),
+        *(_split_case(tr("{tree}, split {count} times", tree=t.describe(), count=n), t, _random_splits(s, t, n)) for s, (t, n) in enumerate(zip(trees, (6, 6, 6, 20), strict=True))),
+        *(_split_case(tr("{tree}, split {count} times", tree=t.describe(), count=8), t, _random_splits(700 + i, t, 8)) for i, t in enumerate(drawn_trees(700, 48))),
     ]  # fmt: skip
 
 
@@ -469,41 +542,51 @@ def _check_walk(subject: Subject, cache: Any, ref: RadixCacheManager, ids: tuple
     what = f"walk({_short(ids)})"
     if not isinstance(cache.clock, int) or cache.clock <= clock:
         raise Mismatch(
-            f"{what} did not tick the clock: a walk is a use, and it takes a new time (self.tick(), once).",
-            f"clock {clock + 1}",
-            f"clock {cache.clock}",
+            tr(
+                "{what} did not tick the clock: a walk is a use, and it takes a new time (self.tick(), once).",
+                what=what,
+            ),
+            tr("clock {clock}", clock=clock + 1),
+            tr("clock {clock}", clock=cache.clock),
         )
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise Mismatch(f"{what} must return a pair (node, prefix_len).", "(node, prefix_len)", repr(result)[:120])
+        raise Mismatch(
+            tr("{what} must return a pair (node, prefix_len).", what=what), "(node, prefix_len)", repr(result)[:120]
+        )
     node, prefix_len = result
     prefix_len = expect_int("prefix_len", prefix_len)
     if prefix_len != ref_len:
-        raise Mismatch(f"{what}: the matched length is wrong.", str(ref_len), str(prefix_len))
+        raise Mismatch(tr("{what}: the matched length is wrong.", what=what), str(ref_len), str(prefix_len))
     if not isinstance(node, RadixTreeNode):
-        raise Mismatch(f"{what} must return the deepest matched node.", "a RadixTreeNode", repr(node)[:120])
+        raise Mismatch(
+            tr("{what} must return the deepest matched node.", what=what), tr("a RadixTreeNode"), repr(node)[:120]
+        )
     problem = _trees.shape_problem(cache)
     if problem is not None:
-        raise Mismatch(f"after {what}: {problem}")
+        raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
     expected_path = _trees.path_of(ref_node)
     if node is not cache.root_node and (node.parent is None or _trees.path_of(node) != expected_path):
-        where = (
-            f"the node ending at {_short(_trees.path_of(node))}"
-            if node.parent is not None
-            else "a node that is not in the tree"
-        )
+        where = _ending_at(_trees.path_of(node)) if node.parent is not None else tr("a node that is not in the tree")
         raise Mismatch(
-            f"{what} must return the node where the match ends"
-            + (" (the root, for an empty match)." if not expected_path else "; split the node the match ends inside."),
-            f"the node ending at {_short(expected_path)}" if expected_path else "the root",
+            tr("{what} must return the node where the match ends (the root, for an empty match).", what=what)
+            if not expected_path
+            else tr(
+                "{what} must return the node where the match ends; split the node the match ends inside.", what=what
+            ),
+            _ending_at(expected_path) if expected_path else tr("the root"),
             where,
         )
     if node is cache.root_node and expected_path:
         raise Mismatch(
-            f"{what} must return the node where the match ends, not the root.",
-            f"the node ending at {_short(expected_path)}",
-            "the root",
+            tr("{what} must return the node where the match ends, not the root.", what=what),
+            _ending_at(expected_path),
+            tr("the root"),
         )
-    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
+    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
+
+
+def _ending_at(path: Sequence[int]) -> str:
+    return tr("the node ending at {prefix}", prefix=_short(path))
 
 
 def _walk_case(desc: str, tree: Recipe, inputs: list[tuple[int, ...]], own: tuple[str, ...] = ("walk",)) -> Case:
@@ -526,6 +609,10 @@ def _random_inputs(rng: random.Random, tree: Recipe, count: int, vocab: int, max
     return out
 
 
+def _walks(tree: Recipe, count: int) -> str:
+    return tr("{tree}, {count} walks", tree=tree.describe(), count=count)
+
+
 @exercise(
     "radix.walk",
     "MyRadixCache.walk: descend along the input, splitting where the match ends inside a node",
@@ -537,21 +624,21 @@ def _walk_cases() -> list[Case]:
     rnd, big = random_recipe(11, 12, lock_every=4), random_recipe(13, 60, vocab=5, max_len=20, lock_every=9)
     rng = random.Random(5)
     return [
-        _walk_case("an empty tree: nothing matches", recipe(), [(1, 2, 3)]),
-        _walk_case("empty input_ids", two, [()]),
-        _walk_case("no child starts with the first token", two, [(9, 9)]),
-        _walk_case("the input ends exactly at a node", two, [(1, 2, 3, 4)]),
-        _walk_case("the match ends inside a node: split it at 1", two, [(1, 9)]),
-        _walk_case("the match ends inside a node: split it at length - 1", two, [(1, 2, 3, 9)]),
-        _walk_case("the match runs through one node and ends inside the next", two, [(1, 2, 3, 4, 5, 0)]),
-        _walk_case("input_ids longer than anything cached", two, [(1, 2, 3, 4, 5, 6, 7, 8, 9)]),
-        _walk_case("the matched path gets the time of this walk; the others keep theirs", two, [(7, 8), (1, 2), (1, 2, 3, 4, 5, 6)]),
-        _walk_case("the input ends inside a node (a prefix of it): split there", two, [(1, 2)]),
-        _walk_case("a match inside a locked node splits it; both halves stay locked", locked, [(1, 2, 3, 9)]),
-        _walk_case("token ids above 2**31", big_ids, [(2**40, 5, 2**31 + 1, 9), (2**40, 5, 8)]),
-        _walk_case(rnd.describe() + ", 10 walks", rnd, _random_inputs(rng, rnd, 10, 4, 12)),
-        _walk_case(big.describe() + ", 30 walks", big, _random_inputs(rng, big, 30, 5, 24)),
-        *(_walk_case(t.describe() + ", 12 walks", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(720, 50, (1,))),
+        _walk_case(tr("an empty tree: nothing matches"), recipe(), [(1, 2, 3)]),
+        _walk_case(tr("empty input_ids"), two, [()]),
+        _walk_case(tr("no child starts with the first token"), two, [(9, 9)]),
+        _walk_case(tr("the input ends exactly at a node"), two, [(1, 2, 3, 4)]),
+        _walk_case(tr("the match ends inside a node: split it at 1"), two, [(1, 9)]),
+        _walk_case(tr("the match ends inside a node: split it at length - 1"), two, [(1, 2, 3, 9)]),
+        _walk_case(tr("the match runs through one node and ends inside the next"), two, [(1, 2, 3, 4, 5, 0)]),
+        _walk_case(tr("input_ids longer than anything cached"), two, [(1, 2, 3, 4, 5, 6, 7, 8, 9)]),
+        _walk_case(tr("the matched path gets the time of this walk; the others keep theirs"), two, [(7, 8), (1, 2), (1, 2, 3, 4, 5, 6)]),
+        _walk_case(tr("the input ends inside a node (a prefix of it): split there"), two, [(1, 2)]),
+        _walk_case(tr("a match inside a locked node splits it; both halves stay locked"), locked, [(1, 2, 3, 9)]),
+        _walk_case(tr("token ids above 2**31"), big_ids, [(2**40, 5, 2**31 + 1, 9), (2**40, 5, 8)]),
+        _walk_case(_walks(rnd, 10), rnd, _random_inputs(rng, rnd, 10, 4, 12)),
+        _walk_case(_walks(big, 30), big, _random_inputs(rng, big, 30, 5, 24)),
+        *(_walk_case(_walks(t, 12), t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(720, 50, (1,))),
     ]  # fmt: skip
 
 
@@ -601,39 +688,56 @@ def _check_match(
     what = f"match_prefix({_short(ids)})"
     if not (isinstance(result, tuple) and len(result) == 2):
         raise Mismatch(
-            f"{what} must return a pair (handle, indices).", "(RadixCacheHandle, int32 tensor)", repr(result)[:120]
+            tr("{what} must return a pair (handle, indices).", what=what),
+            tr("(RadixCacheHandle, int32 tensor)"),
+            repr(result)[:120],
         )
     handle, indices = result
     if not isinstance(handle, RadixCacheHandle):
         raise Mismatch(
-            f"{what} must return a RadixCacheHandle(cached_len, node) first.", "RadixCacheHandle", repr(handle)[:120]
+            tr("{what} must return a RadixCacheHandle(cached_len, node) first.", what=what),
+            "RadixCacheHandle",
+            repr(handle)[:120],
         )
     if handle.cached_len != ref_handle.cached_len:
-        raise Mismatch(f"{what}: the handle's cached_len is wrong.", str(ref_handle.cached_len), str(handle.cached_len))
+        raise Mismatch(
+            tr("{what}: the handle's cached_len is wrong.", what=what),
+            str(ref_handle.cached_len),
+            str(handle.cached_len),
+        )
     expect_slot_tensor(
-        f"{what} must return the matched slots as a 1-D int32 tensor (empty when nothing matched).", indices
+        tr("{what} must return the matched slots as a 1-D int32 tensor (empty when nothing matched).", what=what),
+        indices,
     )
     if indices.tolist() != ref_indices.tolist():
         raise Mismatch(
-            f"{what} returned the wrong slots: the values of the matched path, root first.",
+            tr("{what} returned the wrong slots: the values of the matched path, root first.", what=what),
             str(ref_indices.tolist()),
             str(indices.tolist()),
         )
     for i, old in enumerate(earlier):
         if indices is old or _shares_memory(indices, old):
             raise Mismatch(
-                f"{what} returned a tensor that shares its memory with what match_prefix returned {len(earlier) - i} call(s) before: each caller owns what it gets and may write into it, so every call must return a new tensor."
+                tr(
+                    "{what} returned a tensor that shares its memory with what match_prefix returned {calls} call(s) before: each caller owns what it gets and may write into it, so every call must return a new tensor.",
+                    what=what,
+                    calls=len(earlier) - i,
+                )
             )
     if isinstance(given, torch.Tensor) and _shares_memory(indices, given):
-        raise Mismatch(f"{what} returned a tensor that shares its memory with the input_ids it was given.")
+        raise Mismatch(
+            tr("{what} returned a tensor that shares its memory with the input_ids it was given.", what=what)
+        )
     earlier.append(indices)
     expected_path = _trees.path_of(ref_handle.node)
     problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
     if problem is not None:
-        raise Mismatch(f"after {what}: {problem}")
+        raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
     if expected_path and not isinstance(handle.node, RadixTreeNode):
         raise Mismatch(
-            f"{what}: the handle must name the node where the match ends.", "a RadixTreeNode", repr(handle.node)[:120]
+            tr("{what}: the handle must name the node where the match ends.", what=what),
+            tr("a RadixTreeNode"),
+            repr(handle.node)[:120],
         )
     if (
         expected_path
@@ -642,28 +746,36 @@ def _check_match(
         and _trees.find_node(cache, expected_path) is not handle.node
     ):
         raise Mismatch(
-            f"{what}: the handle names a node that is not in your tree, though it spells the same prefix (a copy?). The handle must hold the tree's own node: lock_handle walks up from it."
+            tr(
+                "{what}: the handle names a node that is not in your tree, though it spells the same prefix (a copy?). The handle must hold the tree's own node: lock_handle walks up from it.",
+                what=what,
+            )
         )
     if (handle.node is cache.root_node) != (not expected_path) or (
         expected_path and _trees.path_of(handle.node) != expected_path
     ):
         raise Mismatch(
-            f"{what}: the handle must name the node where the match ends (the root for an empty match).",
-            f"the node ending at {_short(expected_path)}" if expected_path else "the root",
-            "the root"
-            if handle.node is cache.root_node
-            else f"the node ending at {_short(_trees.path_of(handle.node))}",
+            tr("{what}: the handle must name the node where the match ends (the root for an empty match).", what=what),
+            _ending_at(expected_path) if expected_path else tr("the root"),
+            tr("the root") if handle.node is cache.root_node else _ending_at(_trees.path_of(handle.node)),
         )
     read_back = given if isinstance(given, list) else given.tolist()
     if read_back != list(ids):
-        raise Mismatch(f"{what} changed the input_ids it was given: it must only read them.")
-    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
+        raise Mismatch(tr("{what} changed the input_ids it was given: it must only read them.", what=what))
+    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
     indices.fill_(-7)  # the caller owns what it got back: the tree must not change
     after = _trees.snapshot(cache)
     if any(-7 in n.slots for n in _trees.nodes_of(after)):
         raise Mismatch(
-            f"{what} returned a tensor the tree still uses: the caller wrote -7 into it and the tree shows -7. Return a new tensor (torch.cat makes one; for one node, .clone())."
+            tr(
+                "{what} returned a tensor the tree still uses: the caller wrote -7 into it and the tree shows -7. Return a new tensor (torch.cat makes one; for one node, .clone()).",
+                what=what,
+            )
         )
+
+
+def _matches(tree: Recipe, count: int) -> str:
+    return tr("{tree}, {count} matches", tree=tree.describe(), count=count)
 
 
 @exercise(
@@ -685,16 +797,16 @@ def _match_cases() -> list[Case]:
         return Case(desc, tree.num_tokens + sum(len(i) for i in inputs), _grade(("match_prefix",), body))
 
     return [
-        case("an empty tree: cached_len 0, an empty int32 tensor, the root's handle", recipe(), [(1, 2)]),
-        case("empty input_ids", two, [()]),
-        case("a match that ends at a node: the slots of the whole path", two, [(1, 2, 3, 4, 5, 6), (7, 8, 9)]),
-        case("a match that ends inside a node splits it", two, [(1, 2, 9)]),
-        case("as a list, a NumPy array and a tensor (every form of input_ids)", two, [(1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4)]),
-        case("the returned indices are the caller's own", recipe(insert(5, 6, 7)), [(5, 6, 7)]),
-        case(rnd.describe() + ", 12 matches", rnd, _random_inputs(rng, rnd, 12, 4, 12)),
-        case(big.describe() + ", 30 matches", big, _random_inputs(rng, big, 30, 5, 24)),
-        case("the same prefix matched three times: three tensors, each the caller's own", two, [(1, 2, 3, 4, 5, 6)] * 3 + [(7, 8)] * 3),
-        *(case(t.describe() + ", 12 matches", t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(740, 45, (1,))),
+        case(tr("an empty tree: cached_len 0, an empty int32 tensor, the root's handle"), recipe(), [(1, 2)]),
+        case(tr("empty input_ids"), two, [()]),
+        case(tr("a match that ends at a node: the slots of the whole path"), two, [(1, 2, 3, 4, 5, 6), (7, 8, 9)]),
+        case(tr("a match that ends inside a node splits it"), two, [(1, 2, 9)]),
+        case(tr("as a list, a NumPy array and a tensor (every form of input_ids)"), two, [(1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4)]),
+        case(tr("the returned indices are the caller's own"), recipe(insert(5, 6, 7)), [(5, 6, 7)]),
+        case(_matches(rnd, 12), rnd, _random_inputs(rng, rnd, 12, 4, 12)),
+        case(_matches(big, 30), big, _random_inputs(rng, big, 30, 5, 24)),
+        case(tr("the same prefix matched three times: three tensors, each the caller's own"), two, [(1, 2, 3, 4, 5, 6)] * 3 + [(7, 8)] * 3),
+        *(case(_matches(t, 12), t, _random_inputs(rng, t, 12, 4, 16)) for t in drawn_trees(740, 45, (1,))),
     ]  # fmt: skip
 
 
@@ -727,25 +839,33 @@ def _check_insert(
     row = torch.full((len(slots) + 2,), 7777, dtype=torch.int32)
     row[1 : len(slots) + 1] = slots
     given = row[1 : len(slots) + 1]  # a view into the caller's page table, as a request's row is
-    got = expect_int("insert_prefix's result", subject.call(cache.insert_prefix, given_ids, given, **mine_kwargs))
-    what = f"insert_prefix({_short(ids)}, slots {_short(slots.tolist())}" + (
-        ", handle=its locked match)" if mine_kwargs else ")"
+    got = expect_int(tr("insert_prefix's result"), subject.call(cache.insert_prefix, given_ids, given, **mine_kwargs))
+    shown_ids, shown_slots = _short(ids), _short(slots.tolist())
+    what = (
+        tr("insert_prefix({ids}, slots {slots}, handle=its locked match)", ids=shown_ids, slots=shown_slots)
+        if mine_kwargs
+        else tr("insert_prefix({ids}, slots {slots})", ids=shown_ids, slots=shown_slots)
     )
     if cache.page_size > 1:
-        what += f" with page_size {cache.page_size}"
+        what = tr("{what} with page_size {page_size}", what=what, page_size=cache.page_size)
     if got != expected:
         raise Mismatch(
-            f"{what} must return how many of its tokens were already cached" + (" (in whole pages)." if trim else "."),
+            tr("{what} must return how many of its tokens were already cached (in whole pages).", what=what)
+            if trim
+            else tr("{what} must return how many of its tokens were already cached.", what=what),
             str(expected),
             str(got),
         )
     if given.tolist() != slots.tolist():
         raise Mismatch(
-            f"{what} changed the indices it was given: the caller's tensor is a row of its page table, read it only."
+            tr(
+                "{what} changed the indices it was given: the caller's tensor is a row of its page table, read it only.",
+                what=what,
+            )
         )
     problem = _trees.shape_problem(cache) or _trees.node_problem(cache)
     if problem is not None:
-        raise Mismatch(f"after {what}: {problem}")
+        raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
     row.fill_(-5)  # the caller reuses its page-table row; the tree must have kept a copy
     if isinstance(given_ids, list):
         given_ids[:] = [-9] * len(given_ids)
@@ -755,10 +875,16 @@ def _check_insert(
     difference = _trees.first_difference(_trees.snapshot(ref), mine)
     if difference is not None:
         if any(-5 in n.slots for n in _trees.nodes_of(mine)):
-            difference += " (The tree shows -5: the caller overwrote its indices after the call, and the tree saw it. Store a copy: .clone().)"
+            difference += tr(
+                " (The tree shows -5: the caller overwrote its indices after the call, and the tree saw it. Store a copy: .clone().)"
+            )
         elif any(-9 in n.tokens for n in _trees.nodes_of(mine)):
-            difference += " (The tree shows token -9: the caller overwrote its input_ids after the call, and the tree saw it. Store a copy of the tokens: .copy().)"
-        raise _trees.tree_mismatch(f"after {what}: {difference}", _trees.snapshot(ref), mine)
+            difference += tr(
+                " (The tree shows token -9: the caller overwrote its input_ids after the call, and the tree saw it. Store a copy of the tokens: .copy().)"
+            )
+        raise _trees.tree_mismatch(
+            tr("after {what}: {problem}", what=what, problem=difference), _trees.snapshot(ref), mine
+        )
 
 
 def _insert_case(
@@ -786,7 +912,9 @@ def _insert_case(
                 subject,
                 cache,
                 ValueError,
-                "insert_prefix with 3 tokens but 2 slots must raise ValueError (ArgumentError is one) and change nothing: the caller made a mistake.",
+                tr(
+                    "insert_prefix with 3 tokens but 2 slots must raise ValueError (ArgumentError is one) and change nothing: the caller made a mistake."
+                ),
                 cache.insert_prefix,
                 [1, 2, 3],
                 torch.tensor([0, 1], dtype=torch.int32),
@@ -814,18 +942,18 @@ def _insert_cases() -> list[Case]:
     cached = recipe(insert(1, 2, 3, 4))
     locked = recipe(insert(1, 2, 3, 4), lock(1, 2, 3, 4), lock(1, 2))
     return [
-        _insert_case("into an empty tree", recipe(), [_Insert((1, 2, 3))]),
-        _insert_case("a prompt that shares a prefix: split, and a new leaf for the rest", cached, [_Insert((1, 2, 9, 9))]),
-        _insert_case("a prompt that is cached whole: return its length, add nothing", cached, [_Insert((1, 2, 3, 4))]),
-        _insert_case("a prefix of a cached node: split it, add nothing", cached, [_Insert((1, 2))]),
-        _insert_case("a prompt that continues a leaf: a child below it", cached, [_Insert((1, 2, 3, 4, 5, 6))]),
-        _insert_case("under a locked path: the new leaf is unlocked (evictable)", locked, [_Insert((1, 2, 3, 4, 7)), _Insert((1, 2, 8))]),
-        _insert_case("with handle=, the request's own locked match: the same result as a walk from the root", locked, [_Insert((1, 2, 3, 4, 9, 9), handle_of=(1, 2, 3, 4)), _Insert((1, 2, 5), handle_of=(1, 2))]),
-        _insert_case("as a list, a NumPy array and a tensor; the tree keeps copies", recipe(), [_Insert((4, 5), kind=0), _Insert((4, 6), kind=1), _Insert((4, 7), kind=2)]),
-        _insert_case("token ids above 2**31", recipe(), [_Insert((2**40, 7, 2**31 + 3)), _Insert((2**40, 7, 9))]),
-        _insert_case("twelve prompts over a tiny vocabulary", recipe(), _random_inserts(71, 12, 3, 8), seed=1),
-        _insert_case("forty prompts, some locked first", random_recipe(72, 10, lock_every=3), _random_inserts(73, 40, 3, 12), seed=2),
-        *(_insert_case(t.describe() + ", 12 more prompts", t, _random_inserts(760 + i, 12, 4, 12), seed=760 + i) for i, t in enumerate(drawn_trees(760, 40, (1,)))),
+        _insert_case(tr("into an empty tree"), recipe(), [_Insert((1, 2, 3))]),
+        _insert_case(tr("a prompt that shares a prefix: split, and a new leaf for the rest"), cached, [_Insert((1, 2, 9, 9))]),
+        _insert_case(tr("a prompt that is cached whole: return its length, add nothing"), cached, [_Insert((1, 2, 3, 4))]),
+        _insert_case(tr("a prefix of a cached node: split it, add nothing"), cached, [_Insert((1, 2))]),
+        _insert_case(tr("a prompt that continues a leaf: a child below it"), cached, [_Insert((1, 2, 3, 4, 5, 6))]),
+        _insert_case(tr("under a locked path: the new leaf is unlocked (evictable)"), locked, [_Insert((1, 2, 3, 4, 7)), _Insert((1, 2, 8))]),
+        _insert_case(tr("with handle=, the request's own locked match: the same result as a walk from the root"), locked, [_Insert((1, 2, 3, 4, 9, 9), handle_of=(1, 2, 3, 4)), _Insert((1, 2, 5), handle_of=(1, 2))]),
+        _insert_case(tr("as a list, a NumPy array and a tensor; the tree keeps copies"), recipe(), [_Insert((4, 5), kind=0), _Insert((4, 6), kind=1), _Insert((4, 7), kind=2)]),
+        _insert_case(tr("token ids above 2**31"), recipe(), [_Insert((2**40, 7, 2**31 + 3)), _Insert((2**40, 7, 9))]),
+        _insert_case(tr("twelve prompts over a tiny vocabulary"), recipe(), _random_inserts(71, 12, 3, 8), seed=1),
+        _insert_case(tr("forty prompts, some locked first"), random_recipe(72, 10, lock_every=3), _random_inserts(73, 40, 3, 12), seed=2),
+        *(_insert_case(tr("{tree}, 12 more prompts", tree=t.describe()), t, _random_inserts(760 + i, 12, 4, 12), seed=760 + i) for i, t in enumerate(drawn_trees(760, 40, (1,)))),
     ]  # fmt: skip
 
 
@@ -843,13 +971,14 @@ class _LockStep:
     label: int = 0
 
     def describe(self) -> str:
+        ids = _short(self.ids)
         if self.kind == "lock":
-            return f"lock the match of {_short(self.ids)} (lock #{self.label})"
+            return tr("lock the match of {ids} (lock #{label})", ids=ids, label=self.label)
         if self.kind == "unlock":
-            return f"unlock lock #{self.label} (the match of {_short(self.ids)})"
+            return tr("unlock lock #{label} (the match of {ids})", ids=ids, label=self.label)
         if self.kind == "match":
-            return f"match {_short(self.ids)} (the checker's own walk, on both trees)"
-        return f"unlock the match of {_short(self.ids)}, which holds no lock of its own (must be refused)"
+            return tr("match {ids} (the checker's own walk, on both trees)", ids=ids)
+        return tr("unlock the match of {ids}, which holds no lock of its own (must be refused)", ids=ids)
 
 
 def _steps(*calls: tuple[str, tuple[int, ...]]) -> list[_LockStep]:
@@ -904,7 +1033,10 @@ def _play_lock_step(
             subject,
             cache,
             LockError,
-            f"unlocking the match of {_short(ids)}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
+            tr(
+                "unlocking the match of {ids}, whose node holds no lock of its own, must raise LockError and change nothing (a lock belongs to the node its handle ends at).",
+                ids=_short(ids),
+            ),
             cache.lock_handle,
             pair[0],
             unlock=True,
@@ -914,14 +1046,14 @@ def _play_lock_step(
         handles[step.label] = pair
         subject.call(cache.lock_handle, pair[0])
         ref.lock_handle(pair[1])
-        when = f"after locking the match of {_short(ids)}"
+        what = tr("locking the match of {ids}", ids=_short(ids))
     else:
         pair = handles.pop(step.label)
         subject.call(cache.lock_handle, pair[0], unlock=True)
         ref.lock_handle(pair[1], unlock=True)
-        when = f"after unlocking the match of {_short(ids)}"
-    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=when)
-    _same_times(before, _trees.snapshot(cache), clock, cache.clock, when.replace("after ", ""))
+        what = tr("unlocking the match of {ids}", ids=_short(ids))
+    _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
+    _same_times(before, _trees.snapshot(cache), clock, cache.clock, what)
 
 
 def _without(steps: tuple[_LockStep, ...], i: int) -> tuple[_LockStep, ...]:
@@ -967,9 +1099,9 @@ def _shortest_failing(
 
 def _listing(tree: Recipe, steps: Sequence[_LockStep], failed_at: int) -> str:
     start, _ = tree.build()
-    lines = [f"on {tree.describe()}:", _trees.render(TreeSnapshot.of(start)), "the calls:"]
+    lines = [tr("on {tree}:", tree=tree.describe()), _trees.render(TreeSnapshot.of(start)), tr("the calls:")]
     for i, step in enumerate(steps):
-        lines.append(f"  {i + 1}. {step.describe()}" + ("   <- fails here" if i == failed_at else ""))
+        lines.append(f"  {i + 1}. {step.describe()}" + (tr("   <- fails here") if i == failed_at else ""))
     return "\n".join(lines)
 
 
@@ -984,11 +1116,20 @@ def _lock_case(desc: str, tree: Recipe, steps: list[_LockStep], drawn: bool = Fa
             shown, found = tuple(steps), failed
             if drawn:
                 shown, found = _shortest_failing(subject, tree, shown, failed)
-            head = "the shortest sequence of calls found that fails" if drawn else "the calls"
-            problem = f"{head} has {len(shown)}; at call {found.index + 1}: {found.mismatch.problem}"
+            count, at, why = len(shown), found.index + 1, found.mismatch.problem
+            problem = (
+                tr(
+                    "the shortest sequence of calls found that fails has {count}; at call {call}: {problem}",
+                    count=count,
+                    call=at,
+                    problem=why,
+                )
+                if drawn
+                else tr("the calls has {count}; at call {call}: {problem}", count=count, call=at, problem=why)
+            )
             listing = _listing(tree, shown, found.index)
             expected = listing + ("\n\n" + found.mismatch.expected if found.mismatch.expected else "")
-            raise Mismatch(problem, expected, found.mismatch.got or "(see above)", size=len(shown)) from None
+            raise Mismatch(problem, expected, found.mismatch.got or tr("(see above)"), size=len(shown)) from None
 
     return Case(desc, tree.num_tokens + len(steps), _grade(("lock_handle",), body))
 
@@ -1087,7 +1228,8 @@ def _drawn_lock_cases(base: int, per_tree: int, refusals: bool) -> list[Case]:
             seed = base + 10 * t + d
             tree = random_recipe(seed, prompts, page_size=ps, vocab=vocab, max_len=max_len, scatter=d % 2 == 1)
             steps = _random_lock_steps(seed, tree, 14, refusals)
-            cases.append(_lock_case(f"{tree.describe()}, {len(steps)} calls drawn at random", tree, steps, drawn=True))
+            desc = tr("{tree}, {count} calls drawn at random", tree=tree.describe(), count=len(steps))
+            cases.append(_lock_case(desc, tree, steps, drawn=True))
     return cases
 
 
@@ -1101,16 +1243,16 @@ def _lock_cases() -> list[Case]:
     branches = recipe(insert(1, 2, 3), insert(1, 2, 9))
     fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
     return [
-        _lock_case("lock a prefix that is one node", single, _steps(("lock", (1, 2, 3)))),
-        _lock_case("lock and unlock a prefix that is one node", single, _steps(("lock", (1, 2, 3)), ("unlock", (1, 2, 3)))),
-        _lock_case("lock a deep node: every node up to the root is locked, the root is not", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)))),
-        _lock_case("lock the same prefix twice and unlock it once: it stays locked", chain, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("lock two branches that share a parent: the parent's ref_count is 2", branches, _steps(("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3)))),
-        _lock_case("a node locked itself and through two locked children: unlock it, then the children", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("the handle of an empty match (the root) locks nothing", single, _steps(("lock", (7, 7)), ("unlock", (7, 7)))),
-        _lock_case("a later match splits the locked node; unlocking still releases both halves", single, _steps(("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3)))),
-        _lock_case("page_size 2: lock and unlock", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), _steps(("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5)))),
-        _lock_case("page_size 4, slots scattered over the pool: lock, lock a branch, unlock", recipe(insert(*range(12)), insert(0, 1, 2, 3, 9, 9, 9, 9), page_size=4, scatter=5), _steps(("lock", tuple(range(12))), ("lock", (0, 1, 2, 3, 9, 9, 9, 9)), ("unlock", tuple(range(12))), ("unlock", (0, 1, 2, 3, 9, 9, 9, 9)))),
+        _lock_case(tr("lock a prefix that is one node"), single, _steps(("lock", (1, 2, 3)))),
+        _lock_case(tr("lock and unlock a prefix that is one node"), single, _steps(("lock", (1, 2, 3)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("lock a deep node: every node up to the root is locked, the root is not"), chain, _steps(("lock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case(tr("lock the same prefix twice and unlock it once: it stays locked"), chain, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("lock two branches that share a parent: the parent's ref_count is 2"), branches, _steps(("lock", (1, 2, 3)), ("lock", (1, 2, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("a node locked itself and through two locked children: unlock it, then the children"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("the handle of an empty match (the root) locks nothing"), single, _steps(("lock", (7, 7)), ("unlock", (7, 7)))),
+        _lock_case(tr("a later match splits the locked node; unlocking still releases both halves"), single, _steps(("lock", (1, 2, 3)), ("match", (1, 9)), ("unlock", (1, 2, 3)))),
+        _lock_case(tr("page_size 2: lock and unlock"), recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), _steps(("lock", (0, 1, 2, 3, 4, 5)), ("lock", (0, 1, 7, 7)), ("unlock", (0, 1, 2, 3, 4, 5)))),
+        _lock_case(tr("page_size 4, slots scattered over the pool: lock, lock a branch, unlock"), recipe(insert(*range(12)), insert(0, 1, 2, 3, 9, 9, 9, 9), page_size=4, scatter=5), _steps(("lock", tuple(range(12))), ("lock", (0, 1, 2, 3, 9, 9, 9, 9)), ("unlock", tuple(range(12))), ("unlock", (0, 1, 2, 3, 9, 9, 9, 9)))),
         *_drawn_lock_cases(300, 4, refusals=False),
     ]  # fmt: skip
 
@@ -1123,13 +1265,13 @@ def _harden_cases() -> list[Case]:
     chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
     fork = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 5, 6))
     return [
-        _lock_case("unlock what nobody locked: raise LockError, change nothing", chain, _steps(("refuse", (1, 2, 3, 4)))),
-        _lock_case("unlock a leaf whose parent another handle locked: LockError, nothing changes", chain, _steps(("lock", (1, 2)), ("refuse", (1, 2, 3, 4)), ("unlock", (1, 2)))),
-        _lock_case("unlock a node that only a deeper lock passes through: LockError, nothing changes", chain, _steps(("lock", (1, 2, 3, 4, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4, 5, 6)))),
-        _lock_case("unlock a node whose count comes from two locked children (the sum, not the largest): LockError", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)), ("unlock", (1, 2, 5, 6)))),
-        _lock_case("a node locked itself and through two locked children may be unlocked once, then no more", fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
-        _lock_case("unlock twice what was locked once: the second unlock is refused", fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
-        _lock_case("a lock survives a later split: the upper half holds no lock of its own", recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock what nobody locked: raise LockError, change nothing"), chain, _steps(("refuse", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock a leaf whose parent another handle locked: LockError, nothing changes"), chain, _steps(("lock", (1, 2)), ("refuse", (1, 2, 3, 4)), ("unlock", (1, 2)))),
+        _lock_case(tr("unlock a node that only a deeper lock passes through: LockError, nothing changes"), chain, _steps(("lock", (1, 2, 3, 4, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4, 5, 6)))),
+        _lock_case(tr("unlock a node whose count comes from two locked children (the sum, not the largest): LockError"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)), ("unlock", (1, 2, 5, 6)))),
+        _lock_case(tr("a node locked itself and through two locked children may be unlocked once, then no more"), fork, _steps(("lock", (1, 2, 3, 4)), ("lock", (1, 2, 5, 6)), ("lock", (1, 2)), ("unlock", (1, 2)), ("refuse", (1, 2)), ("unlock", (1, 2, 5, 6)), ("unlock", (1, 2, 3, 4)))),
+        _lock_case(tr("unlock twice what was locked once: the second unlock is refused"), fork, _steps(("lock", (1, 2, 3, 4)), ("unlock", (1, 2, 3, 4)), ("refuse", (1, 2, 3, 4)))),
+        _lock_case(tr("a lock survives a later split: the upper half holds no lock of its own"), recipe(insert(1, 2, 3, 4)), _steps(("lock", (1, 2, 3, 4)), ("match", (1, 2, 9)), ("refuse", (1, 2)), ("unlock", (1, 2, 3, 4)))),
         *_drawn_lock_cases(500, 5, refusals=True),
     ]  # fmt: skip
 
@@ -1145,15 +1287,20 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             if size < 0 or size > ref.size_info.evictable_size:
                 wanted = ValueError if size < 0 else EvictionError
                 reason = (
-                    "a negative size is a mistake"
+                    tr("a negative size is a mistake")
                     if size < 0
-                    else f"only {ref.size_info.evictable_size} slots are evictable"
+                    else tr("only {count} slots are evictable", count=ref.size_info.evictable_size)
                 )
                 _expect_refusal(
                     subject,
                     cache,
                     wanted,
-                    f"{what}: {reason}, so raise {wanted.__name__} before changing anything.",
+                    tr(
+                        "{what}: {reason}, so raise {error} before changing anything.",
+                        what=what,
+                        reason=reason,
+                        error=wanted.__name__,
+                    ),
                     cache.evict,
                     size,
                 )
@@ -1161,33 +1308,52 @@ def _evict_case(desc: str, tree: Recipe, sizes: list[int]) -> Case:
             before, clock = _trees.snapshot(cache), cache.clock
             expected = ref.evict(size)
             got = subject.call(cache.evict, size)
-            expect_slot_tensor(f"{what} must return a 1-D int32 tensor of the freed slots.", got)
+            expect_slot_tensor(tr("{what} must return a 1-D int32 tensor of the freed slots.", what=what), got)
             problem = _trees.shape_problem(cache)
             if problem is not None:
-                raise Mismatch(f"after {what}: {problem}")
+                raise Mismatch(tr("after {what}: {problem}", what=what, problem=problem))
             freed, wanted_slots = sorted(got.tolist()), sorted(expected.tolist())
+            before_call = "\n\n" + tr("the tree before the call:") + "\n" + _trees.render(before)
             if len(freed) > len(wanted_slots) and set(wanted_slots) < set(freed):
                 raise Mismatch(
-                    f"{what} evicted {len(freed)} slots, but {len(wanted_slots)} were needed: stop as soon as at least {size} slots are freed (a whole node may take you past {size}, but no node more).",
-                    f"{len(wanted_slots)} slots: {wanted_slots}\n\nthe tree before the call:\n" + _trees.render(before),
-                    f"{len(freed)} slots: {freed}",
+                    tr(
+                        "{what} evicted {freed} slots, but {needed} were needed: stop as soon as at least {size} slots are freed (a whole node may take you past {size}, but no node more).",
+                        what=what,
+                        freed=len(freed),
+                        needed=len(wanted_slots),
+                        size=size,
+                    ),
+                    _slots(wanted_slots) + before_call,
+                    _slots(freed),
                 )
             if len(freed) < size:
                 raise Mismatch(
-                    f"{what} evicted {len(freed)} slots, but {size} were asked for: free whole nodes until at least {size} are freed.",
-                    f"{len(wanted_slots)} slots: {wanted_slots}",
-                    f"{len(freed)} slots: {freed}",
+                    tr(
+                        "{what} evicted {freed} slots, but {size} were asked for: free whole nodes until at least {size} are freed.",
+                        what=what,
+                        freed=len(freed),
+                        size=size,
+                    ),
+                    _slots(wanted_slots),
+                    _slots(freed),
                 )
             if freed != wanted_slots:
                 raise Mismatch(
-                    f"{what} freed the wrong slots. Least recently used unlocked leaves go first, whole nodes at a time, and a parent whose last child went may be next.",
-                    str(sorted(expected.tolist())) + "\n\nthe tree before the call:\n" + _trees.render(before),
+                    tr(
+                        "{what} freed the wrong slots. Least recently used unlocked leaves go first, whole nodes at a time, and a parent whose last child went may be next.",
+                        what=what,
+                    ),
+                    str(sorted(expected.tolist())) + before_call,
                     str(sorted(got.tolist())),
                 )
-            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=f"after {what}")
+            _trees.compare(_trees.snapshot(ref), _trees.snapshot(cache), when=tr("after {what}", what=what))
             _same_times(before, _trees.snapshot(cache), clock, cache.clock, what)
 
     return Case(desc, tree.num_tokens, _grade(("evict",), body))
+
+
+def _slots(slots: list[int]) -> str:
+    return tr("{count} slots: {slots}", count=len(slots), slots=slots)
 
 
 def _random_evictions(seed: int, tree: Recipe) -> list[int]:
@@ -1213,21 +1379,21 @@ def _evict_cases() -> list[Case]:
     rnd_paged = random_recipe(32, 14, page_size=2, max_len=14, lock_every=5)
     big = random_recipe(33, 60, vocab=5, max_len=20, lock_every=6)
     return [
-        _evict_case("evict(0) frees nothing and returns an empty int32 tensor", leaf, [0]),
-        _evict_case("one leaf: evict(1) frees the whole leaf (4 slots)", leaf, [1]),
-        _evict_case("two leaves: the least recently used goes first", two, [1]),
-        _evict_case("the oldest leaf is locked: skip it", locked_old, [2]),
-        _evict_case("evict(5) must free two leaves", two, [5]),
-        _evict_case("two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next", family, [4, 1]),
-        _evict_case("a chain: freeing everything takes the leaf, then its parent, then the root's child", chain, [6]),
-        _evict_case("a parent with a locked child never becomes a leaf", partly_locked, [3, 2]),
-        _evict_case("more than is evictable: raise EvictionError, change nothing", locked_old, [6]),
-        _evict_case("a negative size: raise ValueError, change nothing", leaf, [-1]),
-        _evict_case("page_size 2: whole nodes of whole pages", recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [1, 2]),
-        _evict_case(rnd.describe() + ", some prompts locked, evicted until nothing is left", rnd, _random_evictions(1, rnd)),
-        _evict_case(rnd_paged.describe() + ", evicted until nothing is left", rnd_paged, _random_evictions(2, rnd_paged)),
-        _evict_case(big.describe() + ", some prompts locked, evicted until nothing is left", big, _random_evictions(3, big)),
-        *(_evict_case(t.describe() + ", evicted until nothing is left", t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
+        _evict_case(tr("evict(0) frees nothing and returns an empty int32 tensor"), leaf, [0]),
+        _evict_case(tr("one leaf: evict(1) frees the whole leaf (4 slots)"), leaf, [1]),
+        _evict_case(tr("two leaves: the least recently used goes first"), two, [1]),
+        _evict_case(tr("the oldest leaf is locked: skip it"), locked_old, [2]),
+        _evict_case(tr("evict(5) must free two leaves"), two, [5]),
+        _evict_case(tr("two leaves go, their parent becomes a leaf, and it is older than [7, 8, 9]: it goes next"), family, [4, 1]),
+        _evict_case(tr("a chain: freeing everything takes the leaf, then its parent, then the root's child"), chain, [6]),
+        _evict_case(tr("a parent with a locked child never becomes a leaf"), partly_locked, [3, 2]),
+        _evict_case(tr("more than is evictable: raise EvictionError, change nothing"), locked_old, [6]),
+        _evict_case(tr("a negative size: raise ValueError, change nothing"), leaf, [-1]),
+        _evict_case(tr("page_size 2: whole nodes of whole pages"), recipe(insert(*range(6)), insert(0, 1, 7, 7), page_size=2), [1, 2]),
+        _evict_case(tr("{tree}, some prompts locked, evicted until nothing is left", tree=rnd.describe()), rnd, _random_evictions(1, rnd)),
+        _evict_case(tr("{tree}, evicted until nothing is left", tree=rnd_paged.describe()), rnd_paged, _random_evictions(2, rnd_paged)),
+        _evict_case(tr("{tree}, some prompts locked, evicted until nothing is left", tree=big.describe()), big, _random_evictions(3, big)),
+        *(_evict_case(tr("{tree}, evicted until nothing is left", tree=t.describe()), t, _random_evictions(780 + i, t)) for i, t in enumerate(drawn_trees(780, 80))),
     ]  # fmt: skip
 
 
@@ -1244,13 +1410,16 @@ def _healthy_case(desc: str, tree: Recipe) -> Case:
             if type(learner.error) is NotImplementedError:
                 raise
             raise Mismatch(
-                f"this tree is healthy, but your check_integrity {outcome(learner.error)}.",
+                tr(
+                    "this tree is healthy, but your check_integrity {outcome}.",
+                    outcome=outcome(learner.error),
+                ),
                 _trees.render(before),
-                "(the same tree)",
+                tr("(the same tree)"),
             ) from None
-        _trees.compare(before, _trees.snapshot(cache), when="check_integrity must only read the tree")
+        _trees.compare(before, _trees.snapshot(cache), when=tr("check_integrity must only read the tree"))
 
-    return Case(f"a healthy tree passes: {desc}", tree.num_tokens, _grade(("check_integrity",), body))
+    return Case(tr("a healthy tree passes: {tree}", tree=desc), tree.num_tokens, _grade(("check_integrity",), body))
 
 
 Corruption = Callable[[Any, random.Random], str]
@@ -1276,8 +1445,8 @@ def _pick(cache: Any, rng: random.Random, ok: Callable[[Any], bool]) -> Any:
 
 
 def _where(node: RadixTreeNode) -> str:
-    kind = "an interior node" if node.children else "a leaf"
-    return f"{kind}, {_short(node.key.tolist())}"
+    key = _short(node.key.tolist())
+    return tr("an interior node, {key}", key=key) if node.children else tr("a leaf, {key}", key=key)
 
 
 def _negative_ref(cache: Any, rng: random.Random) -> str:
@@ -1324,7 +1493,7 @@ def _empty_node(cache: Any, rng: random.Random) -> str:
     empty = RadixTreeNode(parent.timestamp)
     empty.parent = parent
     parent.children[10**6 if cache.page_size == 1 else (10**6,) * cache.page_size] = empty
-    return "under the root" if parent is cache.root_node else f"under {_where(parent)}"
+    return tr("under the root") if parent is cache.root_node else tr("under {node}", node=_where(parent))
 
 
 def _shared_slot(cache: Any, rng: random.Random) -> str:
@@ -1345,17 +1514,17 @@ def _newer_child(cache: Any, rng: random.Random) -> str:
 
 def _root_locked_twice(cache: Any, rng: random.Random) -> str:
     cache.root_node.ref_count = 2
-    return "the root"
+    return tr("the root")
 
 
 def _evictable_high(cache: Any, rng: random.Random) -> str:
     cache.evictable_size += 1
-    return "the counter"
+    return tr("the counter")
 
 
 def _protected_low(cache: Any, rng: random.Random) -> str:
     cache.protected_size -= 1
-    return "the counter"
+    return tr("the counter")
 
 
 def _cycle(cache: Any, rng: random.Random) -> str:
@@ -1407,6 +1576,28 @@ CORRUPTIONS: dict[str, tuple[Corruption, int]] = {
 """Each way the checks break a tree, and the smallest page size it applies to (page rules need pages)."""
 
 
+def corruption_name(name: str) -> str:
+    """The name of a corruption (a key of :data:`CORRUPTIONS`) in the learner's language."""
+    names = {
+        "a negative ref_count": tr("a negative ref_count"),
+        "a child locked more often than its parent": tr("a child locked more often than its parent"),
+        "a node whose parent link points elsewhere": tr("a node whose parent link points elsewhere"),
+        "a child filed under the wrong key": tr("a child filed under the wrong key"),
+        "a node with fewer slots than tokens": tr("a node with fewer slots than tokens"),
+        "an empty node": tr("an empty node"),
+        "two nodes hold the same slot": tr("two nodes hold the same slot"),
+        "a child used more recently than its parent": tr("a child used more recently than its parent"),
+        "the root is locked twice": tr("the root is locked twice"),
+        "evictable_size is one too high": tr("evictable_size is one too high"),
+        "protected_size is one too low": tr("protected_size is one too low"),
+        "a node listed below itself (a cycle)": tr("a node listed below itself (a cycle)"),
+        "a node that is not whole pages": tr("a node that is not whole pages"),
+        "slots that do not count up within a page": tr("slots that do not count up within a page"),
+        "pages that do not start at a page border": tr("pages that do not start at a page border"),
+    }
+    return names.get(name, name)
+
+
 def _corrupt_case(name: str, corrupt: Corruption, tree: Recipe, seed: int) -> Case:
     def body(subject: Subject) -> None:
         cache, _, _, _ = _pair(subject, tree)
@@ -1422,13 +1613,27 @@ def _corrupt_case(name: str, corrupt: Corruption, tree: Recipe, seed: int) -> Ca
             error, how = learner.error, learner.describe()
         if not isinstance(error, IntegrityError):
             raise Mismatch(
-                f"the tree is corrupted ({name}: {where}), so check_integrity must raise IntegrityError.",
-                f"IntegrityError, for this tree:\n{shown}",
-                how if error is not None else "returned normally: the corruption was missed",
+                tr(
+                    "the tree is corrupted ({corruption}: {where}), so check_integrity must raise IntegrityError.",
+                    corruption=corruption_name(name),
+                    where=where,
+                ),
+                tr("IntegrityError, for this tree:") + "\n" + shown,
+                how if error is not None else tr("returned normally: the corruption was missed"),
             )
 
-    ps = f", page_size {tree.page_size}" if tree.page_size > 1 else ""
-    return Case(f"catch: {name} (seed {seed}{ps})", tree.num_tokens, _grade(("check_integrity",), body))
+    shown_name = corruption_name(name)
+    desc = (
+        tr(
+            "catch: {corruption} (seed {seed}, page_size {page_size})",
+            corruption=shown_name,
+            seed=seed,
+            page_size=tree.page_size,
+        )
+        if tree.page_size > 1
+        else tr("catch: {corruption} (seed {seed})", corruption=shown_name, seed=seed)
+    )
+    return Case(desc, tree.num_tokens, _grade(("check_integrity",), body))
 
 
 def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
@@ -1452,14 +1657,14 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
 def _integrity_cases() -> list[Case]:
     family = recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), insert(7, 8, 9), lock(1, 2, 5, 6))
     return [
-        _healthy_case("an empty tree", recipe()),
-        _healthy_case("a split node and a lock", family),
+        _healthy_case(tr("an empty tree"), recipe()),
+        _healthy_case(tr("a split node and a lock"), family),
         _healthy_case("page_size 2", recipe(insert(*range(6)), insert(0, 1, 9, 9), page_size=2)),
-        _healthy_case("a random tree with locks", random_recipe(41, 14, lock_every=3)),
-        _healthy_case("a random tree, page_size 4", random_recipe(42, 14, page_size=4, max_len=20, lock_every=4)),
-        _healthy_case("a random tree of 80 prompts with locks", random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
-        _healthy_case("slots scattered over the pool: a node's slots need not count up", recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
-        _healthy_case("page_size 2, slots scattered: whole pages, anywhere in the pool", recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
+        _healthy_case(tr("a random tree with locks"), random_recipe(41, 14, lock_every=3)),
+        _healthy_case(tr("a random tree, page_size 4"), random_recipe(42, 14, page_size=4, max_len=20, lock_every=4)),
+        _healthy_case(tr("a random tree of 80 prompts with locks"), random_recipe(43, 80, vocab=5, max_len=24, lock_every=5)),
+        _healthy_case(tr("slots scattered over the pool: a node's slots need not count up"), recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), scatter=3)),
+        _healthy_case(tr("page_size 2, slots scattered: whole pages, anywhere in the pool"), recipe(insert(*range(8)), insert(0, 1, 9, 9), page_size=2, scatter=4)),
         *(_healthy_case(t.describe(), t) for t in drawn_trees(800, 60)),
         *(_corrupt_case(*c) for c in corruption_cases()),
     ]  # fmt: skip
@@ -1484,92 +1689,90 @@ def _page_cases() -> list[Case]:
     )
     paged_walks = [
         _walk_case(
-            "page_size 2: only whole pages match (5 tokens match at most 4)",
+            tr("page_size 2: only whole pages match (5 tokens match at most 4)"),
             eight2,
             [(0, 1, 2, 3, 4)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 4: the first page differs in its last token, so nothing matches",
+            tr("page_size 4: the first page differs in its last token, so nothing matches"),
             eight4,
             [(0, 1, 2, 9)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 2: the match ends inside a node, at a page border",
+            tr("page_size 2: the match ends inside a node, at a page border"),
             recipe(insert(*range(8)), insert(0, 1, 2, 3, 7, 7), page_size=2),
             [(0, 1, 2, 3, 4, 9, 9, 9)],
             ("walk", "match_len"),
         ),
         _walk_case(
-            "page_size 4: the match ends mid-page after the first page: round down to 4",
+            tr("page_size 4: the match ends mid-page after the first page: round down to 4"),
             recipe(insert(*range(12)), page_size=4),
             [(0, 1, 2, 3, 4, 5, 9, 9, 9)],
             ("walk", "match_len"),
         ),
-        _walk_case(rnd2.describe() + ", 10 walks", rnd2, _random_inputs(rng, rnd2, 10, 4, 14), ("walk", "match_len")),
-        _walk_case(rnd4.describe() + ", 10 walks", rnd4, _random_inputs(rng, rnd4, 10, 4, 24), ("walk", "match_len")),
+        _walk_case(_walks(rnd2, 10), rnd2, _random_inputs(rng, rnd2, 10, 4, 14), ("walk", "match_len")),
+        _walk_case(_walks(rnd4, 10), rnd4, _random_inputs(rng, rnd4, 10, 4, 24), ("walk", "match_len")),
         *(
-            _walk_case(
-                t.describe() + ", 10 walks", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len")
-            )
+            _walk_case(_walks(t, 10), t, _random_inputs(rng, t, 10, 3, 8 * t.page_size), ("walk", "match_len"))
             for t in drawn_trees(820, 30, (2, 3, 4, 8, 16))
         ),
     ]
     many = [_Insert(s.ids, kind=s.kind) for s in _random_inserts(94, 30, 3, 20)]
     inserts = [
         _insert_case(
-            "8 tokens into an empty tree with page_size 4: two pages",
+            tr("8 tokens into an empty tree with page_size 4: two pages"),
             recipe(page_size=4),
             [_Insert(tuple(range(8)))],
             trim=True,
         ),
         _insert_case(
-            "10 tokens with page_size 4: the last 2 are not inserted",
+            tr("10 tokens with page_size 4: the last 2 are not inserted"),
             recipe(page_size=4),
             [_Insert(tuple(range(10)))],
             trim=True,
         ),
         _insert_case(
-            "3 tokens with page_size 4: nothing is inserted, return 0",
+            tr("3 tokens with page_size 4: nothing is inserted, return 0"),
             recipe(page_size=4),
             [_Insert((1, 2, 3))],
             trim=True,
         ),
         _insert_case(
-            "the first page is cached: return 4 and insert the rest",
+            tr("the first page is cached: return 4 and insert the rest"),
             eight4,
             [_Insert((0, 1, 2, 3, 9, 9, 9, 9))],
             trim=True,
         ),
         _insert_case(
-            "every whole page is cached already: nothing is added", eight4, [_Insert((*range(8), 5))], trim=True
+            tr("every whole page is cached already: nothing is added"), eight4, [_Insert((*range(8), 5))], trim=True
         ),
         _insert_case(
-            "the new leaf hangs under a node split at a page border",
+            tr("the new leaf hangs under a node split at a page border"),
             eight4,
             [_Insert((0, 1, 2, 3, 4, 5, 9, 9))],
             trim=True,
         ),
         _insert_case(
-            "page_size 2, under a locked path, with handle=",
+            tr("page_size 2, under a locked path, with handle="),
             recipe(insert(*range(6)), lock(*range(4)), page_size=2),
             [_Insert((0, 1, 2, 3, 8, 8, 9), handle_of=(0, 1, 2, 3))],
             trim=True,
         ),
         _insert_case(
-            "page_size 2: twelve prompts, pages of slots in any order",
+            tr("page_size 2: twelve prompts, pages of slots in any order"),
             recipe(page_size=2),
             _random_inserts(95, 12, 3, 13),
             seed=3,
             trim=True,
         ),
         _insert_case(
-            "page_size 4: thirty prompts over a tiny vocabulary", recipe(page_size=4), many, seed=4, trim=True
+            tr("page_size 4: thirty prompts over a tiny vocabulary"), recipe(page_size=4), many, seed=4, trim=True
         ),
         *(
             _insert_case(
-                f"{t.describe()}: 12 more prompts",
+                tr("{tree}: 12 more prompts", tree=t.describe()),
                 t,
                 _random_inserts(840 + i, 12, 2, 5 * t.page_size),
                 seed=840 + i,
@@ -1580,11 +1783,11 @@ def _page_cases() -> list[Case]:
     ]
     matches = []
     match_inputs: list[tuple[str, Recipe, list[tuple[int, ...]]]] = [
-        ("page_size 2: match_prefix returns whole pages only", eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
-        ("page_size 4: a tail shorter than a page matches nothing more", eight4, [(0, 1, 2, 3, 4, 5, 6)]),
+        (tr("page_size 2: match_prefix returns whole pages only"), eight2, [(0, 1, 2, 3, 4), (0, 1, 2)]),
+        (tr("page_size 4: a tail shorter than a page matches nothing more"), eight4, [(0, 1, 2, 3, 4, 5, 6)]),
     ]
     match_inputs += [
-        (t.describe() + ", 10 matches", t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
+        (_matches(t, 10), t, _random_inputs(rng, t, 10, 3, 8 * t.page_size))
         for t in drawn_trees(860, 20, (2, 3, 4, 8, 16))
     ]
     for desc, tree, inputs in match_inputs:
@@ -1649,8 +1852,8 @@ def _history_case(page_size: int, seeds: range) -> Case:
                 hardened=hardened,
             )
 
-        histories = [("the fork history", fork_history(page_size))]
-        histories += [(f"history {seed}", random_history(seed, page_size)) for seed in seeds]
+        histories = [(tr("the fork history"), fork_history(page_size))]
+        histories += [(tr("history {seed}", seed=seed), random_history(seed, page_size)) for seed in seeds]
         for name, history in histories:
             failure = fails(history)
             if failure is None:
@@ -1660,14 +1863,25 @@ def _history_case(page_size: int, seeds: range) -> Case:
                 small, found = history, failure
             listing = describe_history(small, page_size, found.step)
             raise Mismatch(
-                f"{name} (page_size {page_size}) fails; the smallest history that still fails has "
-                f"{len(small)} steps. At step {found.step + 1}: {found.problem}",
+                tr(
+                    "{history} (page_size {page_size}) fails; the smallest history that still fails has "
+                    "{count} steps. At step {step}: {problem}",
+                    history=name,
+                    page_size=page_size,
+                    count=len(small),
+                    step=found.step + 1,
+                    problem=found.problem,
+                ),
                 listing + ("\n\n" + found.expected if found.expected else ""),
-                found.got or "(see above)",
+                found.got or tr("(see above)"),
             )
 
     return Case(
-        f"{len(seeds) + 1} histories of requests, matches, evictions and resets, page_size {page_size}",
+        tr(
+            "{count} histories of requests, matches, evictions and resets, page_size {page_size}",
+            count=len(seeds) + 1,
+            page_size=page_size,
+        ),
         30,
         _grade(tuple(TASKS), body),
     )
@@ -1693,8 +1907,25 @@ def explain_errors() -> Iterator[None]:
         frames = [f for f in traceback.extract_tb(error.__traceback__) if is_learner_file(f.filename)]
         last = frames[-1] if frames else None
         if type(error) is NotImplementedError and last is not None:
-            task = f" (Task {TASKS[last.name]})" if last.name in TASKS else ""
-            print(f"✗ {last.name} is still the stub{task}: write it, then run this cell again.")
+            task = tr(" (Task {task})", task=TASKS[last.name]) if last.name in TASKS else ""
+            print(
+                tr(
+                    "✗ {method} is still the stub{task}: write it, then run this cell again.",
+                    method=last.name,
+                    task=task,
+                )
+            )
         else:
-            where = f" (in {last.name}, at `{(last.line or '').strip()}`)" if last is not None else ""
-            print(f"✗ this cell stopped: {type(error).__name__}: {error}{where}.")
+            where = (
+                tr(" (in {function}, at `{line}`)", function=last.name, line=(last.line or "").strip())
+                if last is not None
+                else ""
+            )
+            print(
+                tr(
+                    "✗ this cell stopped: {error_type}: {error}{where}.",
+                    error_type=type(error).__name__,
+                    error=error,
+                    where=where,
+                )
+            )

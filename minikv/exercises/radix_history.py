@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import EvictionError, LockError, OutOfSlotsError
+from ..language import tr
 from ..lifecycle import Request, abort, admit, finish
 from ..page_pool import PagePool
 from ..radix_manager import RadixCacheManager
@@ -68,15 +69,20 @@ class Op:
 
     def describe(self) -> str:
         if self.kind == "admit":
-            return f"admit request {self.name} with prompt {list(self.ids)}"
-        if self.kind in ("finish", "abort"):
-            return f"{self.kind} request {self.name}"
+            return tr("admit request {name} with prompt {ids}", name=self.name, ids=list(self.ids))
+        if self.kind == "finish":
+            return tr("finish request {name}", name=self.name)
+        if self.kind == "abort":
+            return tr("abort request {name}", name=self.name)
         if self.kind == "match":
             return f"match_prefix({list(self.ids)})"
         if self.kind == "evict":
             return f"evict({self.size})"
         if self.kind == "unlock":
-            return f"match_prefix({list(self.ids)}), then lock_handle(its handle, unlock=True), a lock nobody took"
+            return tr(
+                "match_prefix({ids}), then lock_handle(its handle, unlock=True), a lock nobody took",
+                ids=list(self.ids),
+            )
         return "reset()"
 
 
@@ -85,9 +91,15 @@ History = tuple[Op, ...]
 
 def describe_history(history: Sequence[Op], page_size: int, failed_at: int | None = None) -> str:
     """The history as numbered lines (``page_size`` first), the failing step marked."""
-    lines = [f"a cache with page_size {page_size} and a pool of {pool_pages(page_size)} pages, then:"]
+    lines = [
+        tr(
+            "a cache with page_size {page_size} and a pool of {pages} pages, then:",
+            page_size=page_size,
+            pages=pool_pages(page_size),
+        )
+    ]
     for i, op in enumerate(history):
-        mark = "   <- fails here" if i == failed_at else ""
+        mark = tr("   <- fails here") if i == failed_at else ""
         lines.append(f"  {i + 1}. {op.describe()}{mark}")
     return "\n".join(lines)
 
@@ -220,7 +232,7 @@ def _attempt(call: Caller, fn: Callable[..., Any], *args: Any) -> tuple[Any, Bas
     except (Mismatch, NotImplementedError):
         raise
     except Exception as error:
-        return None, error, f"raised {type(error).__name__}: {error}"
+        return None, error, tr("raised {error_type}: {error}", error_type=type(error).__name__, error=error)
 
 
 def _refusal(error: BaseException) -> str:
@@ -269,7 +281,7 @@ def _apply(world: _World, op: Op, call: Caller, hardened: bool = True) -> tuple[
         ):
             return matched  # a request's own lock, or the root: not a lock nobody took
         _, error, how = _attempt(call, world.view.lock_handle, handle, True)
-        return (*matched, "refused with LockError" if isinstance(error, LockError) else how or "unlocked")
+        return (*matched, tr("refused with LockError") if isinstance(error, LockError) else how or tr("unlocked"))
     if op.kind in ("evict", "reset"):
         fn = world.view.evict if op.kind == "evict" else world.view.reset
         freed, error, how = _attempt(call, fn, *((op.size,) if op.kind == "evict" else ()))
@@ -291,31 +303,50 @@ def _key(outcome: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
     return outcome[:2] if outcome is not None and outcome[0] == "refused" else outcome
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _tokens(n: int) -> str:
+    return tr("{count} token", count=n) if n == 1 else tr("{count} tokens", count=n)
+
+
+def _slots(n: int) -> str:
+    return tr("{count} slot", count=n) if n == 1 else tr("{count} slots", count=n)
 
 
 def _say(outcome: tuple[Any, ...] | None) -> str:
     if outcome is None:
-        return "nothing to do"
+        return tr("nothing to do")
     kind = outcome[0]
     if kind == "refused":
-        return f"refused: {outcome[2]}" if outcome[2] else f"refused with {outcome[1]}"
+        return tr("refused: {how}", how=outcome[2]) if outcome[2] else tr("refused with {error}", error=outcome[1])
     if kind == "admitted":
-        evicted = f", after evicting {outcome[3]} slots" if outcome[3] else ""
-        return f"admitted it, {_count(outcome[1], 'token')} cached in slots {list(outcome[2])}{evicted}"
+        evicted = tr(", after evicting {count} slots", count=outcome[3]) if outcome[3] else ""
+        return tr(
+            "admitted it, {tokens} cached in slots {slots}{evicted}",
+            tokens=_tokens(outcome[1]),
+            slots=list(outcome[2]),
+            evicted=evicted,
+        )
     if kind == "finished":
-        return f"finish: insert_prefix returned {outcome[1]} (already cached)"
+        return tr("finish: insert_prefix returned {count} (already cached)", count=outcome[1])
     if kind == "aborted":
-        return "aborted"
+        return tr("aborted")
     if kind == "matched":
-        unlocked = f", then the unlock {outcome[4]}" if len(outcome) > 4 else ""
-        return f"matched {_count(outcome[1], 'token')} in slots {list(outcome[2])} ({outcome[3]}){unlocked}"
+        unlocked = tr(", then the unlock {how}", how=outcome[4]) if len(outcome) > 4 else ""
+        return tr(
+            "matched {tokens} in slots {slots} ({dtype}){unlocked}",
+            tokens=_tokens(outcome[1]),
+            slots=list(outcome[2]),
+            dtype=outcome[3],
+            unlocked=unlocked,
+        )
     if kind == "freed":
-        return f"freed {_count(len(outcome[1]), 'slot')} {list(outcome[1])}"
+        return tr("freed {slots} {listed}", slots=_slots(len(outcome[1])), listed=list(outcome[1]))
     if kind == "freed badly":
-        return f"returned slots {list(outcome[1])}, which the pool refused to take back ({outcome[2]})"
-    return f"returned {outcome[1]}"
+        return tr(
+            "returned slots {slots}, which the pool refused to take back ({error})",
+            slots=list(outcome[1]),
+            error=outcome[2],
+        )
+    return tr("returned {value}", value=outcome[1])
 
 
 # -- the rules every world keeps (the model) ----------------------------------------------
@@ -345,21 +376,29 @@ def _rules_broken(world: _World, tree: TreeSnapshot) -> str | None:
         for page in sorted({int(slot) // ps for slot in slots}):
             owners.setdefault(page, []).append(where)
 
-    put(pool.free_slots().tolist(), "free in the pool")
+    put(pool.free_slots().tolist(), tr("free in the pool"))
     for view in tree.views():
-        put(view.slots, f"in the node {list(view.tokens)}")
+        put(view.slots, tr("in the node {tokens}", tokens=list(view.tokens)))
     for name, request in world.running.items():
-        put(request.own_slots().tolist(), f"owned by request {name}")
-    what = "slot" if ps == 1 else "page"
+        put(request.own_slots().tolist(), tr("owned by request {name}", name=name))
     for page in range(pool.num_pages):
         places = owners.get(page, [])
         if len(places) != 1:
-            where = " and ".join(places) if places else "nowhere: free in no pool, in no node, owned by no request"
-            name = f"slot {page}" if ps == 1 else f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
-            return f"{name} is {where}. Every {what} must be in exactly one place."
+            where = (
+                tr(" and ").join(places) if places else tr("nowhere: free in no pool, in no node, owned by no request")
+            )
+            if ps == 1:
+                return tr("slot {slot} is {where}. Every slot must be in exactly one place.", slot=page, where=where)
+            return tr(
+                "page {page} (slots {first}..{last}) is {where}. Every page must be in exactly one place.",
+                page=page,
+                first=page * ps,
+                last=page * ps + ps - 1,
+                where=where,
+            )
     stray = sorted(page for page in owners if not 0 <= page < pool.num_pages)
     if stray:
-        return f"the tree holds slot {stray[0] * ps}, which is not a slot of the pool."
+        return tr("the tree holds slot {slot}, which is not a slot of the pool.", slot=stray[0] * ps)
     for view in tree.views():
         covering = sum(
             1
@@ -368,16 +407,22 @@ def _rules_broken(world: _World, tree: TreeSnapshot) -> str | None:
             and tuple(int(t) for t in request.input_ids[: len(view.path)]) == view.path
         )
         if view.ref_count != covering:
-            return (
-                f"the node {list(view.tokens)} has ref_count {view.ref_count}, but {covering} running requests "
-                "have locked a match that covers it."
+            return tr(
+                "the node {tokens} has ref_count {ref_count}, but {covering} running requests "
+                "have locked a match that covers it.",
+                tokens=list(view.tokens),
+                ref_count=view.ref_count,
+                covering=covering,
             )
     protected = sum(len(v.tokens) for v in tree.views() if v.ref_count > 0)
     evictable = sum(len(v.tokens) for v in tree.views() if v.ref_count == 0)
     if tuple(tree.size_info) != (evictable, protected):
-        return (
-            f"size_info is {tuple(tree.size_info)}, but the tree holds {evictable} slots in unlocked nodes and "
-            f"{protected} in locked ones."
+        return tr(
+            "size_info is {size_info}, but the tree holds {evictable} slots in unlocked nodes and "
+            "{protected} in locked ones.",
+            size_info=tuple(tree.size_info),
+            evictable=evictable,
+            protected=protected,
         )
     return None
 
@@ -387,14 +432,15 @@ def _root_problem(cache: Any, root: Any) -> str | None:
     running request may hold it across a reset), or None."""
     now = getattr(cache, "root_node", None)
     if now is not root:
-        return (
+        return tr(
             "your reset replaced root_node with a new node. Keep the root: running requests whose match was "
             "empty hold a handle on it. Empty its children instead."
         )
     if getattr(now, "ref_count", None) != 1 or getattr(now, "parent", None) is not None:
-        return (
-            f"your reset left the root with ref_count {getattr(now, 'ref_count', None)}: the root keeps "
-            "ref_count 1 and no parent, as __init__ made it."
+        return tr(
+            "your reset left the root with ref_count {ref_count}: the root keeps "
+            "ref_count 1 and no parent, as __init__ made it.",
+            ref_count=getattr(now, "ref_count", None),
         )
     return None
 
@@ -430,7 +476,7 @@ def run_history(
     except LearnerRaised as learner:
         if type(learner.error) is NotImplementedError:
             raise
-        return Failure(-1, f"making the cache: {learner.describe()}.")
+        return Failure(-1, tr("making the cache: {how}.", how=learner.describe()))
     mine = _World(cache, _SortedEvict(cache), PagePool(pool_pages(page_size), page_size), {})
     ref_cache = RadixCacheManager("cpu", page_size)
     ref = _World(ref_cache, _SortedEvict(ref_cache), PagePool(pool_pages(page_size), page_size), {})
@@ -443,17 +489,22 @@ def run_history(
             if op.kind == "reset":
                 problem = _root_problem(mine.cache, root)
                 if problem is not None:
-                    return Failure(step, f"after {op.describe()}: {problem}")
+                    return Failure(step, tr("after {what}: {problem}", what=op.describe(), problem=problem))
             exp_state = _trees.snapshot(ref.cache)
             got_state = _trees.snapshot(mine.cache)
         except Mismatch as mismatch:
             return Failure(step, mismatch.problem, mismatch.expected, mismatch.got)
         if _key(expected) != _key(got):
-            same = "the trees are the same after this step: only the outcome named above differs"
+            same = tr("the trees are the same after this step: only the outcome named above differs")
             drawings = _trees.tree_mismatch("", exp_state, got_state, same=same)
             return Failure(
                 step,
-                f"{op.describe()}: minikv's cache {_say(expected)}; yours {_say(got)}.",
+                tr(
+                    "{what}: minikv's cache {expected}; yours {got}.",
+                    what=op.describe(),
+                    expected=_say(expected),
+                    got=_say(got),
+                ),
                 drawings.expected,
                 drawings.got,
             )
@@ -462,13 +513,28 @@ def run_history(
             ids = op.ids[:-1] if op.kind == "admit" else op.ids
             length, slots = longest_cached_prefix(before, ids)
             if (expected[1], list(expected[2])) != (length, slots):  # pragma: no cover - minikv's own bug
-                return Failure(step, f"{op.describe()}: the match should find {length} tokens in slots {slots}.")
+                return Failure(
+                    step,
+                    tr(
+                        "{what}: the match should find {length} tokens in slots {slots}.",
+                        what=op.describe(),
+                        length=length,
+                        slots=slots,
+                    ),
+                )
         difference = _trees.first_difference(exp_state, got_state)
         if difference is not None:
-            return Failure(step, f"after {op.describe()}: {difference}", drawings.expected, drawings.got)
+            return Failure(
+                step,
+                tr("after {what}: {problem}", what=op.describe(), problem=difference),
+                drawings.expected,
+                drawings.got,
+            )
         broken = _rules_broken(mine, got_state)
         if broken is not None:
-            return Failure(step, f"after {op.describe()}: {broken}", drawings.expected, drawings.got)
+            return Failure(
+                step, tr("after {what}: {problem}", what=op.describe(), problem=broken), drawings.expected, drawings.got
+            )
         if integrity:
             try:
                 _, error, how = _attempt(call, mine.cache.check_integrity)
@@ -477,8 +543,12 @@ def run_history(
             if error is not None:
                 return Failure(
                     step,
-                    f"after {op.describe()}, your check_integrity {how}, but the tree is healthy "
-                    "(it is the same as minikv's).",
+                    tr(
+                        "after {what}, your check_integrity {how}, but the tree is healthy "
+                        "(it is the same as minikv's).",
+                        what=op.describe(),
+                        how=how,
+                    ),
                     _trees.render(got_state),
                 )
     return None
