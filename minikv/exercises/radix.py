@@ -351,7 +351,7 @@ def _expect_refusal(
 # -- radix.match_len ---------------------------------------------------------------------
 
 
-@exercise("radix.match_len", "MyRadixCache.match_len: how many leading tokens two arrays share")
+@exercise("radix.match_len", lambda: tr("MyRadixCache.match_len: how many leading tokens two arrays share"))
 def _match_len_cases() -> list[Case]:
     long = list(range(1000))
     pairs: list[tuple[str, list[int], list[int]]] = [
@@ -505,7 +505,7 @@ def _random_splits(seed: int, tree: Recipe, count: int) -> list[tuple[tuple[int,
     return splits
 
 
-@exercise("radix.split_at", "MyRadixCache.split_at: cut a node in two and return the upper half")
+@exercise("radix.split_at", lambda: tr("MyRadixCache.split_at: cut a node in two and return the upper half"))
 def _split_cases() -> list[Case]:
     one = recipe(insert(1, 2, 3, 4))
     with_child = recipe(insert(1, 2, 3, 4, 5), insert(1, 2, 3, 4, 5, 6, 7))
@@ -615,7 +615,7 @@ def _walks(tree: Recipe, count: int) -> str:
 
 @exercise(
     "radix.walk",
-    "MyRadixCache.walk: descend along the input, splitting where the match ends inside a node",
+    lambda: tr("MyRadixCache.walk: descend along the input, splitting where the match ends inside a node"),
 )
 def _walk_cases() -> list[Case]:
     two = recipe(insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6), insert(7, 8))
@@ -780,7 +780,7 @@ def _matches(tree: Recipe, count: int) -> str:
 
 @exercise(
     "radix.match_prefix",
-    "MyRadixCache.match_prefix: the longest cached prefix, its handle and its slots",
+    lambda: tr("MyRadixCache.match_prefix: the longest cached prefix, its handle and its slots"),
 )
 def _match_cases() -> list[Case]:
     two = recipe(insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6), insert(7, 8))
@@ -937,7 +937,7 @@ def _random_inserts(seed: int, count: int, vocab: int, max_len: int) -> list[_In
     return out
 
 
-@exercise("radix.insert_prefix", "MyRadixCache.insert_prefix: hand a finished request's slots to the tree")
+@exercise("radix.insert_prefix", lambda: tr("MyRadixCache.insert_prefix: hand a finished request's slots to the tree"))
 def _insert_cases() -> list[Case]:
     cached = recipe(insert(1, 2, 3, 4))
     locked = recipe(insert(1, 2, 3, 4), lock(1, 2, 3, 4), lock(1, 2))
@@ -1235,7 +1235,7 @@ def _drawn_lock_cases(base: int, per_tree: int, refusals: bool) -> list[Case]:
 
 @exercise(
     "radix.lock_handle",
-    "MyRadixCache.lock_handle: lock or unlock the path from a handle's node to the root",
+    lambda: tr("MyRadixCache.lock_handle: lock or unlock the path from a handle's node to the root"),
 )
 def _lock_cases() -> list[Case]:
     single = recipe(insert(1, 2, 3))
@@ -1259,7 +1259,7 @@ def _lock_cases() -> list[Case]:
 
 @exercise(
     "radix.harden_lock",
-    "optional: MyRadixCache.lock_handle refuses to unlock a node that holds no lock of its own",
+    lambda: tr("optional: MyRadixCache.lock_handle refuses to unlock a node that holds no lock of its own"),
 )
 def _harden_cases() -> list[Case]:
     chain = recipe(insert(1, 2), insert(1, 2, 3, 4), insert(1, 2, 3, 4, 5, 6))
@@ -1367,7 +1367,7 @@ def _random_evictions(seed: int, tree: Recipe) -> list[int]:
     return sizes
 
 
-@exercise("radix.evict", "MyRadixCache.evict: free the least recently used unlocked leaves")
+@exercise("radix.evict", lambda: tr("MyRadixCache.evict: free the least recently used unlocked leaves"))
 def _evict_cases() -> list[Case]:
     leaf = recipe(insert(1, 2, 3, 4))
     two = recipe(insert(1, 2, 3), insert(7, 8, 9, 10), match(1, 2, 3))  # [7..10] is now older
@@ -1653,7 +1653,9 @@ def corruption_cases() -> list[tuple[str, Corruption, Recipe, int]]:
     return out
 
 
-@exercise("radix.check_integrity", "MyRadixCache.check_integrity: find every broken invariant of a radix tree")
+@exercise(
+    "radix.check_integrity", lambda: tr("MyRadixCache.check_integrity: find every broken invariant of a radix tree")
+)
 def _integrity_cases() -> list[Case]:
     family = recipe(insert(1, 2, 3, 4), insert(1, 2, 5, 6), insert(7, 8, 9), lock(1, 2, 5, 6))
     return [
@@ -1679,7 +1681,7 @@ def _paged_own(fn: _F) -> tuple[str, ...]:
     return own or ("insert_prefix",)
 
 
-@exercise("radix.page_aligned_insert", "a page-aware cache (page_size > 1): whole pages only")
+@exercise("radix.page_aligned_insert", lambda: tr("a page-aware cache (page_size > 1): whole pages only"))
 def _page_cases() -> list[Case]:
     rng = random.Random(91)
     eight2, eight4 = recipe(insert(*range(8)), page_size=2), recipe(insert(*range(8)), page_size=4)
@@ -1887,7 +1889,7 @@ def _history_case(page_size: int, seeds: range) -> Case:
     )
 
 
-@exercise("radix.cache", "the whole cache: random histories, next to minikv's own manager")
+@exercise("radix.cache", lambda: tr("the whole cache: random histories, next to minikv's own manager"))
 def _cache_cases() -> list[Case]:
     return [_history_case(ps, seeds) for ps, seeds in HISTORIES.items()]
 
