@@ -41,7 +41,7 @@ def check(exercise_id: str, fn: Callable[..., Any], *, lang: str | None = None) 
     In a notebook the result shows itself as a report; ``bool(result)`` and
     ``result.passed`` say whether every case passed. The report speaks ``lang``
     (``"en"`` or ``"zh"``), by default the language set with
-    :func:`minikv.set_language`; it keeps that language when shown later.
+    :func:`minikv.language.set_language`; it keeps that language when shown later.
     """
     if lang is None:
         return run_check(exercise_id, fn)
