@@ -19,6 +19,8 @@ id in the package lacks its Chinese form (``scripts/messages.py check``).
 from __future__ import annotations
 
 import ast
+import re
+import string
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -34,6 +36,7 @@ __all__ = [
     "language",
     "set_language",
     "tr",
+    "translate_message",
 ]
 
 LANGUAGES = ("en", "zh")
@@ -137,3 +140,46 @@ def read_po(source: str) -> dict[str, str]:
             entry[field].append(ast.literal_eval(line))
     close()
     return messages
+
+
+def translate_message(english: str, lang: str = "zh") -> str | None:
+    """A message as :func:`tr` wrote it in English, in ``lang``: None if no message id reads so.
+
+    For text that was stored in English and is shown later in another language (the
+    Chinese edition translates the error a drawing's caption quotes). The fields keep
+    their English values; the longest fixed text wins where two message ids could match.
+    """
+    if checked_language(lang) == "en":
+        return english
+    for pattern, names, msgid in _message_patterns(lang):
+        match = pattern.fullmatch(english)
+        if match is not None:
+            return _without_format_specs(catalog(lang)[msgid]).format(**{name: match.group(name) for name in names})
+    return None
+
+
+@cache
+def _message_patterns(lang: str) -> tuple[tuple[re.Pattern[str], tuple[str, ...], str], ...]:
+    """Every message id of ``lang``'s catalog that has fields, as a full-match pattern, the most specific first."""
+    found = []
+    for msgid in catalog(lang):
+        parts = list(string.Formatter().parse(msgid))
+        names = tuple(dict.fromkeys(name for _, name, _, _ in parts if name))
+        regex, seen = "", set()
+        for fixed, name, _, _ in parts:
+            regex += re.escape(fixed)
+            if name:
+                regex += f"(?P={name})" if name in seen else f"(?P<{name}>.+?)"
+                seen.add(name)
+        literal = sum(len(fixed) for fixed, _, _, _ in parts)
+        found.append((literal, re.compile(regex, re.DOTALL), names, msgid))
+    found.sort(key=lambda item: -item[0])
+    return tuple((pattern, names, msgid) for _, pattern, names, msgid in found)
+
+
+def _without_format_specs(template: str) -> str:
+    """``template`` with ``{ratio:.2f}`` written ``{ratio}``: the values filled in are English text already."""
+    return "".join(
+        fixed.replace("{", "{{").replace("}", "}}") + ("{" + name + "}" if name is not None else "")
+        for fixed, name, _, _ in string.Formatter().parse(template)
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 import minikv
 from minikv.errors import ArgumentError, ArgumentTypeError
-from minikv.language import catalog, get_language, language, read_po, set_language, tr
+from minikv.language import catalog, get_language, language, read_po, set_language, tr, translate_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import messages
@@ -72,3 +73,26 @@ def test_a_message_that_is_not_a_literal_is_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("from minikv.language import tr\nx = 1\ntr(f'n={x}')\n")
     with pytest.raises(messages.NotALiteral, match="plain string literal"):
         list(messages.uses(tmp_path))
+
+
+def _adjacent_fields(msgid: str) -> bool:
+    """Two fields with no text between them (``{slots}{evicted}``): no reader can tell where one ends."""
+    parts = list(string.Formatter().parse(msgid))
+    return any(
+        name and fixed == "" and index > 0 and parts[index - 1][1] for index, (fixed, name, _, _) in enumerate(parts)
+    )
+
+
+def test_translate_message_reads_every_english_message_back_into_chinese() -> None:
+    checked = 0
+    for msgid, chinese in catalog("zh").items():
+        names = messages.fields_of(msgid)
+        if not names or _adjacent_fields(msgid):
+            continue
+        values = {name: 7 + index for index, name in enumerate(sorted(names))}
+        english = tr(msgid, lang="en", **values)
+        assert translate_message(english) == chinese.format(**values), msgid
+        checked += 1
+    assert checked > 300
+    assert translate_message("no such message 3") is None
+    assert translate_message("anything", lang="en") == "anything"

@@ -27,6 +27,7 @@ from minikv.tiny_model import TinyDecoder
 from minikv.viz import (
     TreeRecorder,
     draw_engine,
+    draw_overlap,
     draw_pool,
     draw_slot_table,
     get_language,
@@ -36,6 +37,8 @@ from minikv.viz import (
     plot_recomputed,
     plot_request_states,
     plot_sizes,
+    record_overlap,
+    record_timeline,
     set_language,
     storage,
 )
@@ -47,7 +50,7 @@ CODE_WORDS = {
     "token", "ref_count", "tp_size", "page_size", "rank", "kv_buffer", "k_cache", "store_kv", "match_prefix",
     "lock_handle", "insert_prefix", "allocate", "evict_from", "cache", "free", "evict", "req_to_token", "PagePool",
     "LayerFirst", "PageFirst", "MHAKVCache", "RadixCacheManager", "TinyDecoder", "Engine", "float32", "KV", "LRU",
-    "MiB",
+    "MiB", "CPU", "overlap", "True", "False",
 }  # fmt: skip
 
 
@@ -147,6 +150,14 @@ def pictures() -> dict[str, list[str]]:
     engine.step()
     svgs = [f.svg() for f in rec.frames + paged.frames]
     svgs += [draw_pool(pool, paged.manager).svg(), draw_engine(engine).svg()]
+    # a request's life and the overlap loop over time: chunked prefill and a preemption in a tight pool
+    timed = make_engine(TinyDecoder(), num_pages=12, max_running=3, prefill_budget=4)
+    life = record_timeline(timed)
+    timed.generate([list(range(1, 9)), list(range(2, 8)), [5, 6, 7]], 4)
+    overlapped = make_engine(TinyDecoder(), num_pages=20, max_running=2, overlap=True)
+    loop = record_overlap(overlapped)
+    overlapped.generate([[1, 2, 3], [1, 2, 4], [5, 6]], 3)
+    svgs += [life.svg(), draw_overlap(loop).svg()]
     caches = storage.simulated_ranks(8, 4, num_layers=2, head_dim=4, num_pages=4, device="cpu")
     figures = [
         plot_sizes(rec), plot_sizes(paged), storage.draw_layouts(caches[:1], layer=1, page=2),

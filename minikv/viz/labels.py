@@ -41,7 +41,7 @@ from functools import lru_cache
 from types import MappingProxyType
 
 from ..errors import ArgumentError
-from ..language import LANGUAGES, get_language, language, set_language
+from ..language import LANGUAGES, get_language, language, set_language, translate_message
 from ..language import checked_language as _checked
 
 __all__ = [
@@ -83,7 +83,8 @@ _NUMBER_FIELDS = frozenset(
     {"n", "count", "total", "cached", "protected", "evictable", "free", "ref", "t", "page_size", "slot", "page",
      "row", "layer", "rank", "first", "last", "start", "stop", "size_bytes", "heads", "local", "tp_size",
      "num_heads", "waiting", "running", "finished", "steps", "prefill", "decode", "rows", "max_running", "layers",
-     "pages", "slots_per_page", "dims", "query_heads", "kv_heads", "batch", "step", "notes_step", "uid"}
+     "pages", "slots_per_page", "dims", "query_heads", "kv_heads", "batch", "step", "notes_step", "uid",
+     "chunk", "prompt_len", "new_len"}
 )  # fmt: skip
 _LITERAL_FIELDS = frozenset(
     {"words", "error", "value", "sign", "slots_text", "name", "size", "kind", "shape", "strides", "uids"}
@@ -314,6 +315,25 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         ),
         "storage.runs": Label("{track}: {count} run", "{track}：{count} 段", "{track}: {count} runs"),
         "storage.page_track": Label("page {page}, K, all layers", "第 {page} 页，K，所有层"),
+        # -- a request's life over time (timeline.py) ------------------------------------------------------
+        "timeline.row": Label("request {uid}: {prompt_len} + {new_len}", "请求 {uid}：{prompt_len} + {new_len}"),
+        "timeline.chunk": Label("prefill chunk of {chunk} tokens", "{chunk} 个 token 的预填充块"),
+        "timeline.kind.waiting": Label("waiting", "等待中"),
+        "timeline.kind.decode": Label("decode", "解码"),
+        "timeline.kind.stalled": Label("stalled", "停顿"),
+        "timeline.kind.preempted": Label("preempted", "被抢占"),
+        "timeline.one_step": Label("step {step}", "第 {step} 步"),
+        "timeline.steps": Label("steps {first}-{last}", "第 {first}-{last} 步"),
+        "timeline.tip": Label("request {uid}: {what}, {span}", "请求 {uid}：{what}，{span}"),
+        "timeline.finished_tip": Label("request {uid}: finished in step {step}", "请求 {uid}：在第 {step} 步完成"),
+        "timeline.axis": Label("step", "步"),
+        "timeline.legend.waiting": Label("waiting", "等待中"),
+        "timeline.legend.prefill": Label("prefill chunk (tokens)", "预填充块（token 数）"),
+        "timeline.legend.decode": Label("decode", "解码"),
+        "timeline.legend.stalled": Label("running, not in the batch", "运行中，不在本批次"),
+        "timeline.legend.preempted": Label("preempted (requeued)", "被抢占（重新排队）"),
+        "timeline.finished": Label("finished", "已完成"),
+        "timeline.preemption": Label("preemption", "抢占"),
         # -- the overlap loop over time (overlap.py) ------------------------------------------------------
         "overlap.title_on": Label(
             "overlap=True: the CPU plans batch N+1 while the device runs batch N",
@@ -553,7 +573,9 @@ def _translate(english: str) -> str | None:
         values = {}
         for name in pattern.fields:
             value = match.group(name)
-            if name in _NUMBER_FIELDS or name in _LITERAL_FIELDS:
+            if name == "error":  # an exception quoted as "Type: message": minikv's message in its catalog
+                values[name] = _translated_error(value)
+            elif name in _NUMBER_FIELDS or name in _LITERAL_FIELDS:
                 values[name] = value
             elif name in _LIST_FIELDS:
                 items = _split_list(value, name)
@@ -569,6 +591,13 @@ def _translate(english: str) -> str | None:
         else:
             return CATALOG[pattern.key].zh.format(**values)
     return None
+
+
+def _translated_error(error: str) -> str:
+    """``"EvictionError: size: asked to ..."`` with its message in Chinese, where minikv's catalog has it."""
+    kind, separator, message = error.partition(": ")
+    found = translate_message(message, "zh") if separator else None
+    return error if found is None else f"{kind}: {found}"
 
 
 def _split_list(value: str, name: str) -> list[str]:

@@ -36,6 +36,7 @@ from xml.sax.saxutils import escape
 from ..engine import Batch, Engine, EngineRequest, Status
 from ..engine_stats import _bind
 from ..errors import ArgumentError, ArgumentTypeError
+from .labels import text
 
 STATES = ("waiting", "prefill", "decode", "stalled", "preempted")
 """What a request can do in one step (one segment kind each)."""
@@ -47,12 +48,12 @@ COLOURS = {
     "stalled": "#fedf89",
     "preempted": "#f97066",
 }
-LEGEND = {
-    "waiting": "waiting",
-    "prefill": "prefill chunk (tokens)",
-    "decode": "decode",
-    "stalled": "running, not in the batch",
-    "preempted": "preempted (requeued)",
+LEGEND = {  # a state -> the catalog key of its legend entry (minikv.viz.labels)
+    "waiting": "timeline.legend.waiting",
+    "prefill": "timeline.legend.prefill",
+    "decode": "timeline.legend.decode",
+    "stalled": "timeline.legend.stalled",
+    "preempted": "timeline.legend.preempted",
 }
 
 _ROW, _BAR, _LABEL, _TOP, _MARGIN = 24, 16, 132, 34, 12
@@ -234,15 +235,23 @@ def _draw(timeline: Timeline, title: str | None) -> str:
     row_of = {request.uid: index for index, request in enumerate(rows)}
     for request in rows:
         baseline = top + row_of[request.uid] * _ROW + _ROW / 2 + 4
-        label = f"request {request.uid}: {len(request.prompt)} + {request.max_new_tokens}"
-        parts.append(f'<text x="{_MARGIN}" y="{baseline:.1f}">{escape(label)}</text>')
+        row = text("timeline.row", uid=request.uid, prompt_len=len(request.prompt), new_len=request.max_new_tokens)
+        parts.append(f'<text x="{_MARGIN}" y="{baseline:.1f}">{escape(row)}</text>')
     for segment in timeline.segments():
         y = top + row_of[segment.uid] * _ROW + (_ROW - _BAR) / 2
         left, right = x(segment.start), x(segment.stop)
-        what = f"prefill chunk of {segment.tokens} tokens" if segment.kind == "prefill" else segment.kind
         last = segment.stop - 1
-        span = f"step {last}" if segment.start == last else f"steps {segment.start}-{last}"
-        tip = escape(f"request {segment.uid}: {what}, {span}")
+        what = (
+            text("timeline.chunk", chunk=segment.tokens)
+            if segment.kind == "prefill"
+            else text(f"timeline.kind.{segment.kind}")
+        )
+        span = (
+            text("timeline.one_step", step=last)
+            if segment.start == last
+            else text("timeline.steps", first=segment.start, last=last)
+        )
+        tip = escape(text("timeline.tip", uid=segment.uid, what=what, span=span))
         parts.append(
             f'<rect x="{left:.1f}" y="{y:.1f}" width="{right - left:.1f}" height="{_BAR}" '
             f'fill="{COLOURS[segment.kind]}" stroke="#ffffff" stroke-width="{int(segment.kind == "prefill")}" '
@@ -256,9 +265,10 @@ def _draw(timeline: Timeline, title: str | None) -> str:
             )
     for uid, step in timeline.finished_at().items():
         cy = top + row_of[uid] * _ROW + _ROW / 2
+        tip = escape(text("timeline.finished_tip", uid=uid, step=step))
         parts.append(
             f'<circle cx="{x(step + 1):.1f}" cy="{cy:.1f}" r="4" fill="#101828" data-uid="{uid}" '
-            f'data-kind="finished" data-step="{step}"><title>request {uid}: finished in step {step}</title></circle>'
+            f'data-kind="finished" data-step="{step}"><title>{tip}</title></circle>'
         )
     for step, uid in timeline.preemptions:
         cx, cy = x(step) + width_per_step / 2, top + row_of[uid] * _ROW + (_ROW - _BAR) / 2
@@ -279,23 +289,24 @@ def _axis(y: float, steps: int, x: Callable[[int], float], width_per_step: float
         centre = x(step) + width_per_step / 2
         lines.append(f'<line x1="{centre:.1f}" y1="{y + 4:.1f}" x2="{centre:.1f}" y2="{y + 8:.1f}" stroke="#667085"/>')
         lines.append(f'<text x="{centre:.1f}" y="{y + 19:.1f}" text-anchor="middle" font-size="9">{step}</text>')
-    lines.append(f'<text x="{_MARGIN}" y="{y + 19:.1f}" font-size="9">step</text>')
+    lines.append(f'<text x="{_MARGIN}" y="{y + 19:.1f}" font-size="9">{escape(text("timeline.axis"))}</text>')
     return lines
 
 
 def _legend(y: float) -> list[str]:
     items: list[str] = []
     left = float(_MARGIN)
-    for kind, text in LEGEND.items():
+    for kind, key in LEGEND.items():
+        words = text(key)
         items.append(f'<rect x="{left:.1f}" y="{y - 9:.1f}" width="12" height="10" fill="{COLOURS[kind]}"/>')
-        items.append(f'<text x="{left + 16:.1f}" y="{y:.1f}" font-size="10">{escape(text)}</text>')
-        left += 24 + 5.6 * len(text)
+        items.append(f'<text x="{left + 16:.1f}" y="{y:.1f}" font-size="10">{escape(words)}</text>')
+        left += 24 + 5.6 * len(text(key, lang="en"))
     items.append(f'<circle cx="{left + 5:.1f}" cy="{y - 4:.1f}" r="4" fill="#101828"/>')
-    items.append(f'<text x="{left + 14:.1f}" y="{y:.1f}" font-size="10">finished</text>')
+    items.append(f'<text x="{left + 14:.1f}" y="{y:.1f}" font-size="10">{escape(text("timeline.finished"))}</text>')
     left += 70
     triangle = f"M{left:.1f},{y - 9:.1f} L{left + 8:.1f},{y - 9:.1f} L{left + 4:.1f},{y - 3:.1f} Z"
     items.append(f'<path d="{triangle}" fill="#b42318"/>')
-    items.append(f'<text x="{left + 12:.1f}" y="{y:.1f}" font-size="10">preemption</text>')
+    items.append(f'<text x="{left + 12:.1f}" y="{y:.1f}" font-size="10">{escape(text("timeline.preemption"))}</text>')
     return items
 
 
