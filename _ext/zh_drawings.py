@@ -10,11 +10,19 @@ buttons and script, and the titles and captions the notebooks' code passes to th
 :func:`minikv.viz.labels.label`, so they are catalog templates too). Token words and code stay
 as they are.
 
+The exercise checker's reports stored on the exercise pages (``<div class="minikv-check">``) are
+English too; their sentences are messages of :mod:`minikv.language`'s catalog, so
+:func:`translate_reports` reads each one back into Chinese with
+:func:`minikv.language.translate_message` (a sentence built from parts it cannot read back stays
+English, and so does a sentence whose translation would keep three English words in a row).
+
 The English edition is not touched. Registered in ``_config.yml`` (``local_extensions``).
 """
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +46,41 @@ def translate_outputs(outdir: Path) -> int:
     changed = 0
     for path in translated_files(outdir):
         before = path.read_text(encoding="utf-8")
-        after = translate_html(before, "zh")
+        after = translate_reports(translate_html(before, "zh"))
         if after != before:
             path.write_text(after, encoding="utf-8")
             changed += 1
     return changed
+
+
+REPORT = re.compile(r'<div class="minikv-check".*?</div>', re.DOTALL)
+"""A check's report as ``CheckResult._repr_html_`` writes it (no ``div`` inside)."""
+TEXT = re.compile(r">([^<>]+)<")
+MARK = re.compile(r"^(\s*[✓✗] )(?!\S+: )")
+"""The mark before a case of the report's list (a verdict's mark is part of its message)."""
+ENGLISH_LEFT = re.compile(r"(?<![\w`])[A-Za-z]+(?: [A-Za-z]+){2,}(?![\w`])")
+"""Three English words in a row: a field the catalog could not read back was left in English."""
+
+
+def translate_reports(page: str) -> str:
+    """Every checker report in ``page`` with each sentence the catalog can read back in Chinese."""
+    return REPORT.sub(lambda report: TEXT.sub(_translated_text, report.group(0)), page)
+
+
+def _translated_text(node: re.Match[str]) -> str:
+    from minikv.language import translate_message
+
+    text = html.unescape(node.group(1))
+    core = text.strip()
+    if not core:
+        return node.group(0)
+    mark = MARK.match(core)
+    prefix, message = (mark.group(1), core[mark.end() :]) if mark else ("", core)
+    found = translate_message(message, "zh")
+    if found is None or ENGLISH_LEFT.search(found):  # half a translation reads worse than none
+        return node.group(0)
+    lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    return ">" + html.escape(lead + prefix + found + trail, quote=False) + "<"
 
 
 def on_build_finished(app: Sphinx, exception: Exception | None) -> None:

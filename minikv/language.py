@@ -146,16 +146,27 @@ def translate_message(english: str, lang: str = "zh") -> str | None:
     """A message as :func:`tr` wrote it in English, in ``lang``: None if no message id reads so.
 
     For text that was stored in English and is shown later in another language (the
-    Chinese edition translates the error a drawing's caption quotes). The fields keep
-    their English values; the longest fixed text wins where two message ids could match.
+    Chinese edition translates the error a drawing's caption quotes, and the checker's
+    stored reports). A field whose value is itself a message is translated too; numbers,
+    lists and code keep their values. The longest fixed text wins where two message ids
+    could match.
     """
     if checked_language(lang) == "en":
         return english
     for pattern, names, msgid in _message_patterns(lang):
         match = pattern.fullmatch(english)
         if match is not None:
-            return _without_format_specs(catalog(lang)[msgid]).format(**{name: match.group(name) for name in names})
+            values = {name: _field_value(match.group(name), lang) for name in names}
+            return _without_format_specs(catalog(lang)[msgid]).format(**values)
     return None
+
+
+def _field_value(english: str, lang: str) -> str:
+    """A field's value, itself a message where the catalog reads it so (``"{tree}, {count} walks"``)."""
+    if not english or english[0].isdigit() or english[0] in "[(-`'\"":
+        return english  # numbers, lists, tensors, code and reprs are data
+    found = translate_message(english, lang)
+    return english if found is None else found
 
 
 @cache

@@ -235,3 +235,38 @@ def test_the_zh_build_translates_drawings_and_names_the_answer_hint(tmp_path: Pa
     built = REPO / "_build" / "html" / "zh" / "book" / "05_radix.html"
     if built.exists():  # after `make book`
         assert "受保护" in built.read_text(encoding="utf-8")
+
+
+def test_the_zh_build_translates_the_checkers_stored_reports() -> None:
+    """A report stored in English on an exercise page reads as the checker writes it in Chinese."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    sys.path.insert(0, str(REPO / "tests"))
+    import zh_drawings
+    from exercise_helpers import solution_for
+
+    from minikv.exercises import check
+
+    for exercise_id in ("capacity.kv_bytes_per_token", "blocks.allocate", "naive.manager"):
+        passed = check(exercise_id, solution_for(exercise_id))
+        assert (
+            zh_drawings.translate_reports(passed._repr_html_())
+            == check(exercise_id, solution_for(exercise_id), lang="zh")._repr_html_()
+        )
+
+    def stub(*args: object) -> None:
+        raise NotImplementedError
+
+    not_written = zh_drawings.translate_reports(check("lifecycle.slots_to_free", stub)._repr_html_())
+    assert not_written == check("lifecycle.slots_to_free", stub, lang="zh")._repr_html_()
+    # a sentence the catalog cannot read back whole stays English rather than half translated
+    odd = (
+        '<div class="minikv-check"><li>✓ a random tree from 10 prompts (seed 301, random slots scattered over'
+        " the pool), 40 calls</li></div>"
+    )
+    assert zh_drawings.translate_reports(odd) == odd
+    assert zh_drawings.translate_reports("<p>✓ lifecycle.admit: all 7 cases passed.</p>") == (
+        "<p>✓ lifecycle.admit: all 7 cases passed.</p>"
+    )  # outside a report nothing changes
+    built = REPO / "_build" / "html" / "zh" / "exercises" / "solved" / "ex1_capacity.html"
+    if built.exists():  # after `make book`
+        assert "个用例通过" in built.read_text(encoding="utf-8")
