@@ -152,12 +152,15 @@ class MHAKVCache(BaseKVCache):
 
         On CPU every slot is checked first (a bad call raises and writes nothing); on
         CUDA the kernel checks the range and :meth:`check_stores` reports what it refused.
-        With a ``store`` function, everything is checked on the host (one transfer on
-        CUDA) before it is called: it is someone else's kernel, trusted with valid calls only.
+        With a ``store`` function, everything is checked on the host (one transfer
+        on CUDA) before it is called: it is someone else's kernel, trusted with valid
+        calls only.
         """
         k_cache, v_cache = self._layer_views[self._layer(layer_id, "layer_id")]
         if self.store is not None:
-            k_cache, v_cache, k, v = check_store_arguments(k_cache, v_cache, out_loc, k, v, index_name="out_loc")
+            k_cache, v_cache, k, v = check_store_arguments(
+                k_cache, v_cache, out_loc, k, v, index_name="out_loc"
+            )  # fmt: skip
             check_slots(out_loc, self.num_slots, "out_loc")
             self.store(k_cache, v_cache, out_loc, k, v)
             return
