@@ -42,8 +42,13 @@ __all__ = [
 LANGUAGES = ("en", "zh")
 """The languages minikv speaks: English (the source) and simplified Chinese."""
 
-CATALOG_FILES = MappingProxyType({"zh": Path(__file__).with_name("locale") / "zh_CN.po"})
-"""Language -> the gettext catalog that holds its form of every message (English needs none)."""
+CATALOG_FILES = MappingProxyType({"zh": "zh_CN.po"})
+"""Language -> the gettext catalog, in the package's ``locale/`` folder, that holds its form of every message.
+
+English needs none. File names, not paths: the folder is wherever minikv is installed.
+"""
+
+_LOCALE_FOLDER = Path(__file__).with_name("locale")
 
 _language = "en"
 
@@ -98,7 +103,8 @@ def tr(msgid: str, /, *, lang: str | None = None, **fields: object) -> str:
 @cache
 def catalog(lang: str) -> Mapping[str, str]:
     """English message id -> its form in ``lang``, read once from :data:`CATALOG_FILES` (empty for English)."""
-    path = CATALOG_FILES.get(checked_language(lang))
+    name = CATALOG_FILES.get(checked_language(lang))
+    path = None if name is None else _LOCALE_FOLDER / name
     if path is None or not path.exists():
         return MappingProxyType({})
     return MappingProxyType(read_po(path.read_text(encoding="utf-8")))

@@ -24,8 +24,11 @@ HTML = REPO / "_build" / "html"
 ZH = "zh"  # the Chinese edition's folder inside the English one
 EDITIONS = ["en", "zh"]
 # Paths of the machine that executed the notebooks (the book's own examples, such as
-# "/home/user/doc1.txt" in chapter 5, are fine).
-MACHINE_PATHS = re.compile(r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python)")
+# "/home/user/doc1.txt" in chapter 5, are fine). The checkout's own folder is named too, so a
+# path into it is caught wherever the repository was cloned.
+MACHINE_PATHS = re.compile(
+    r"(/work/|/root/|site-packages|\.venv/|/tmp/tmp|/usr/lib/python|" + re.escape(str(REPO)) + ")"
+)
 
 pytestmark = needs_chromium
 
