@@ -10,7 +10,9 @@ report. ``test_exercises_core.py`` tests the checker machinery itself.
 
 from __future__ import annotations
 
+import html
 import importlib
+import re
 import runpy
 from collections.abc import Callable
 from pathlib import Path
@@ -125,3 +127,49 @@ def chapter_tests(chapter: str, wrong: WrongAnswers) -> tuple[Callable, Callable
         assert_not_self_contradictory(result)
 
     return test_the_solution_passes, test_a_wrong_answer_fails_with_a_readable_report
+
+
+# -- reports in Chinese (issue 27) ---------------------------------------------------------------------
+
+MIN_ENGLISH_RUN = 4
+"""This many plain English words in a row make an English sentence in a Chinese report (three would
+flag names such as ``the expected tree``; four catches every sentence the checks write)."""
+
+_CODE = re.compile(r"`[^`]*`")
+_PLAIN_WORD = re.compile(r"^[\"'(]*([A-Za-z]+(?:'[a-z]+)?)[\"'),.;:!?，。；：！？）]*$")
+_LEARNER_ERROR = re.compile(r"\b[A-Z]\w*(Error|Exception)\b: .*")
+
+
+def chinese_chars(text: str) -> int:
+    """How many Chinese characters ``text`` holds."""
+    return sum("\u4e00" <= c <= "\u9fff" for c in text)
+
+
+def _is_plain_word(token: str) -> bool:
+    """A word as prose uses it: letters only (an apostrophe inside), not an identifier such as
+    ``RadixTreeNode`` (capitals inside), ``ref_count`` or ``match_prefix([1, 2])``."""
+    match = _PLAIN_WORD.match(token)
+    return match is not None and not any(c.isupper() for c in match.group(1)[1:])
+
+
+def english_runs(text: str, min_run: int = MIN_ENGLISH_RUN) -> list[str]:
+    """The English sentences left in a report meant to be Chinese: runs of ``min_run`` or more plain
+    English words. Code in backticks, identifiers, numbers and lists break a run, and the message of
+    an exception the learner's code raised (``ValueError: ...``) is the learner's own words, so it
+    is left out."""
+    runs: list[str] = []
+    for line in _CODE.sub(" ` ", text).splitlines():
+        current: list[str] = []
+        for token in [*_LEARNER_ERROR.sub(" ", line).split(), ""]:
+            if token and _is_plain_word(token):
+                current.append(token)
+                continue
+            if len(current) >= min_run:
+                runs.append(" ".join(current))
+            current = []
+    return runs
+
+
+def page_text(page: str) -> str:
+    """The words of a report's HTML (``_repr_html_``), tags dropped."""
+    return html.unescape(re.sub(r"<[^>]+>", "\n", page))

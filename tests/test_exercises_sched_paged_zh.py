@@ -7,9 +7,9 @@ must carry the Chinese form of the message this mutant triggers and no run of En
 paged-attention checks write; the English report must stay English, word for word the message
 the other tests read; and both must give the same verdict, case by case.
 
-Parts of a report that other modules write (the report's frame in ``_report.py``, the
-random-case and diff sentences of ``_core.py``, an error message the learner's code raised)
-are cut out before the search for English: they have their own tests.
+The search for English (``exercise_helpers.english_runs``) spares nothing the checker
+writes, the shared modules' frame and random-case sentences included; only an error message
+the learner's code raised is left out, since those are the learner's own words.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 import test_exercises_paged_attention as paged_tests
 import test_exercises_scheduling as scheduling_tests
-from exercise_helpers import chapter_ids
+from exercise_helpers import chapter_ids, chinese_chars, english_runs
 
 from minikv.exercises import check
 from minikv.language import catalog, language
@@ -53,44 +53,6 @@ MUTANTS: list[tuple[str, Callable[..., object], str, str]] = [
     ("paged_attention.decode", P.WRONG["paged_attention.decode"][1], "not h % kv_heads", "而不是 h % kv_heads"),
 ]
 
-CJK = re.compile(r"[\u4e00-\u9fff]")
-
-FOREIGN = [
-    # _report.py: the report's frame and its labels
-    r"Smallest failing case:|What went wrong:|^\s*(expected|got):|^Cases:|All \d+ cases",
-    r"✗ [\w.]+: \d+ of \d+ cases passed\.",
-    # _report.diff: where two lists first differ
-    r"they first differ at position \d+: expected .*?, got [^。.;；）)]*",
-    r"from position \d+ on, \d+ item\(s\) are missing: \[[^\]]*\]",
-    r"at position \d+, \d+ item\(s\) are extra: \[[^\]]*\]",
-    r"\(\d+ items expected, \d+ got\)",
-    # _core.random_case and LearnerRaised: the random input, and what the learner's code raised
-    r"The smallest (random )?input found that fails \([^)]*\):",
-    r"seed \d+, size \d+(, drawn as \w+)?",
-    r"(on a random input, )?your function raised \w+:.*",
-    r"raised \w+:.*",
-    r"the same, as shown here: the difference is the one named above",
-    r"not run: an earlier case ran past the time limit\.",
-]
-
-
-def english_runs(text: str) -> list[str]:
-    """Runs of four or more plain English words (letters only, so identifiers and code break a run)."""
-    text = re.sub(r"`[^`]*`", " ", text)
-    runs = []
-    for line in text.splitlines():
-        for pattern in FOREIGN:
-            line = re.sub(pattern, " ", line)
-        words: list[str] = []
-        for token in [*line.split(), ""]:
-            if re.fullmatch(r"[A-Za-z]+('[a-z]+)?[,.;:!?，。；：！？]?", token):
-                words.append(token)
-                continue
-            if len(words) >= 4:
-                runs.append(" ".join(words))
-            words = []
-    return runs
-
 
 def test_every_scheduling_and_paged_attention_check_is_covered() -> None:
     assert {m[0] for m in MUTANTS} == set(chapter_ids("scheduling") + chapter_ids("paged_attention"))
@@ -99,11 +61,6 @@ def test_every_scheduling_and_paged_attention_check_is_covered() -> None:
 def test_the_catalog_has_these_messages() -> None:
     """Without the catalog the Chinese reports would silently fall back to English."""
     assert catalog("zh").get("the waiting queue is empty"), "fill minikv/locale/zh_CN.po (scripts/messages.py)"
-
-
-def test_english_runs_finds_prose_and_skips_code() -> None:
-    assert english_runs("the order is wrong here: 顺序") == ["the order is wrong here:"]
-    assert english_runs("请求 1 `the order is wrong` page_size 4 KV 头 h // (heads // kv_heads)") == []
 
 
 @pytest.mark.parametrize(
@@ -125,7 +82,7 @@ def test_the_report_speaks_the_learners_language(
 
     # English stays English: the message this mutant triggers, and no Chinese anywhere
     assert english in en_text, en_text
-    assert not CJK.search(en_text), en_text
+    assert not chinese_chars(en_text), en_text
 
     # Chinese: the message in Chinese, every case described in Chinese, no English prose of these checks
     assert chinese in zh_text and english not in zh_text, zh_text
@@ -133,6 +90,6 @@ def test_the_report_speaks_the_learners_language(
         if re.fullmatch(r"[\w.]+", en_case.description):  # a name (``float16``) is the same in every language
             assert zh_case.description == en_case.description
             continue
-        assert CJK.search(zh_case.description), zh_case.description
+        assert chinese_chars(zh_case.description), zh_case.description
         assert en_case.description != zh_case.description
     assert english_runs(zh_text) == [], zh_text
