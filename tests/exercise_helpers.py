@@ -173,3 +173,39 @@ def english_runs(text: str, min_run: int = MIN_ENGLISH_RUN) -> list[str]:
 def page_text(page: str) -> str:
     """The words of a report's HTML (``_repr_html_``), tags dropped."""
     return html.unescape(re.sub(r"<[^>]+>", "\n", page))
+
+
+def assert_reported_in_both_languages(exercise_id: str, fn: Callable, english: str, chinese: str) -> None:
+    """Check ``fn`` (a wrong answer) in English and in Chinese and compare the two reports.
+
+    Both give the same verdict, case by case. The English report holds ``english`` (the message
+    this wrong answer triggers) and no Chinese; the Chinese one holds ``chinese`` instead, every
+    case is described in Chinese (a bare name such as ``float16`` reads the same in both), and no
+    English sentence is left in its text or its HTML.
+    """
+    from minikv.language import language
+
+    with language("en"):
+        en = check(exercise_id, fn)
+        en_text, en_page = str(en), en._repr_html_()
+    with language("zh"):
+        zh = check(exercise_id, fn)
+        zh_text, zh_page = str(zh), page_text(zh._repr_html_())
+
+    assert not en.passed and not zh.passed
+    assert [(c.passed, c.size) for c in en.cases] == [(c.passed, c.size) for c in zh.cases]
+
+    assert english in en_text, en_text
+    assert not chinese_chars(en_text) and not chinese_chars(en_page), en_text
+
+    assert chinese in zh_text and english not in zh_text, zh_text
+    for en_case, zh_case in zip(en.cases, zh.cases, strict=True):
+        if re.fullmatch(r"[\w.]+", en_case.description):
+            assert zh_case.description == en_case.description
+            continue
+        assert chinese_chars(zh_case.description) and zh_case.description != en_case.description, zh_case
+        assert not english_runs(zh_case.description), zh_case.description
+    failure = zh.smallest_failure
+    assert failure is not None and chinese_chars(failure.problem), zh_text
+    assert english_runs(zh_text) == [], zh_text
+    assert chinese in zh_page and english_runs(zh_page) == [], english_runs(zh_page)

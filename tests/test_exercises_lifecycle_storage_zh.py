@@ -19,10 +19,9 @@ from collections.abc import Callable
 import pytest
 import test_exercises_lifecycle as lifecycle_tests
 import test_exercises_storage as storage_tests
-from exercise_helpers import chapter_ids, chinese_chars, english_runs, page_text
+from exercise_helpers import assert_reported_in_both_languages, chapter_ids
 
-from minikv.exercises import check
-from minikv.language import catalog, language
+from minikv.language import catalog
 
 L, S = lifecycle_tests, storage_tests
 
@@ -67,28 +66,4 @@ def test_the_catalog_has_these_messages() -> None:
 def test_the_report_speaks_the_learners_language(
     exercise_id: str, fn: Callable[..., object], english: str, chinese: str
 ) -> None:
-    with language("en"):
-        en = check(exercise_id, fn)
-        en_text, en_page = str(en), en._repr_html_()
-    with language("zh"):
-        zh = check(exercise_id, fn)
-        zh_text, zh_page = str(zh), zh._repr_html_()
-
-    # the same verdict, case by case, whatever the language
-    assert not en.passed and not zh.passed
-    assert [(c.passed, c.size) for c in en.cases] == [(c.passed, c.size) for c in zh.cases]
-
-    # English stays English: the message this mutant triggers, and no Chinese anywhere
-    assert english in en_text, en_text
-    assert not chinese_chars(en_text) and not chinese_chars(en_page), en_text
-
-    # Chinese: the message in Chinese, every case described in Chinese, no English prose of these checks
-    assert chinese in zh_text and english not in zh_text, zh_text
-    for en_case, zh_case in zip(en.cases, zh.cases, strict=True):
-        assert chinese_chars(zh_case.description) or zh_case.description == en_case.description
-        assert not english_runs(zh_case.description), zh_case.description
-    failure = zh.smallest_failure
-    assert failure is not None and chinese_chars(failure.problem), zh_text
-    assert not english_runs(zh_text), (english_runs(zh_text), zh_text)
-    assert chinese in page_text(zh_page)
-    assert not english_runs(page_text(zh_page)), english_runs(page_text(zh_page))
+    assert_reported_in_both_languages(exercise_id, fn, english, chinese)

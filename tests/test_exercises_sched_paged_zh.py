@@ -14,16 +14,14 @@ the learner's code raised is left out, since those are the learner's own words.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import pytest
 import test_exercises_paged_attention as paged_tests
 import test_exercises_scheduling as scheduling_tests
-from exercise_helpers import chapter_ids, chinese_chars, english_runs
+from exercise_helpers import assert_reported_in_both_languages, chapter_ids
 
-from minikv.exercises import check
-from minikv.language import catalog, language
+from minikv.language import catalog
 
 S, P = scheduling_tests, paged_tests
 
@@ -69,27 +67,4 @@ def test_the_catalog_has_these_messages() -> None:
 def test_the_report_speaks_the_learners_language(
     exercise_id: str, fn: Callable[..., object], english: str, chinese: str
 ) -> None:
-    with language("en"):
-        en = check(exercise_id, fn)
-        en_text = str(en)
-    with language("zh"):
-        zh = check(exercise_id, fn)
-        zh_text = str(zh)
-
-    # the same verdict, case by case, whatever the language
-    assert not en.passed and not zh.passed
-    assert [(c.passed, c.size) for c in en.cases] == [(c.passed, c.size) for c in zh.cases]
-
-    # English stays English: the message this mutant triggers, and no Chinese anywhere
-    assert english in en_text, en_text
-    assert not chinese_chars(en_text), en_text
-
-    # Chinese: the message in Chinese, every case described in Chinese, no English prose of these checks
-    assert chinese in zh_text and english not in zh_text, zh_text
-    for en_case, zh_case in zip(en.cases, zh.cases, strict=True):
-        if re.fullmatch(r"[\w.]+", en_case.description):  # a name (``float16``) is the same in every language
-            assert zh_case.description == en_case.description
-            continue
-        assert chinese_chars(zh_case.description), zh_case.description
-        assert en_case.description != zh_case.description
-    assert english_runs(zh_text) == [], zh_text
+    assert_reported_in_both_languages(exercise_id, fn, english, chinese)
