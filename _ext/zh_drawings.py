@@ -16,6 +16,10 @@ English too; their sentences are messages of :mod:`minikv.language`'s catalog, s
 :func:`minikv.language.translate_message` (a sentence built from parts it cannot read back stays
 English, and so does a sentence whose translation would keep three English words in a row).
 
+A notebook's table may link to a page of the book by its English title (the introduction's map of
+the chapters): :func:`translate_page_links` gives such a link the title of the zh page it leads to,
+read from the two built editions (the English one is the zh folder's parent).
+
 The English edition is not touched. Registered in ``_config.yml`` (``local_extensions``).
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import html
 import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,8 @@ def translate_outputs(outdir: Path) -> int:
     for path in translated_files(outdir):
         before = path.read_text(encoding="utf-8")
         after = translate_reports(translate_html(before, "zh"))
+        if path.suffix == ".html":
+            after = translate_page_links(after, path, outdir)
         if after != before:
             path.write_text(after, encoding="utf-8")
             changed += 1
@@ -81,6 +88,38 @@ def _translated_text(node: re.Match[str]) -> str:
         return node.group(0)
     lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
     return ">" + html.escape(lead + prefix + found + trail, quote=False) + "<"
+
+
+PAGE_LINK = re.compile(r'(<a\b[^>]*\bhref=")(?![a-z]+:|#)([^"#]+\.html)((?:#[^"]*)?"[^>]*>)([^<]+)(</a>)')
+"""A link to a page of the site: its target (relative to the linking page) and its text."""
+H1 = re.compile(r"<h1>(.*?)(?:<a class=\"headerlink\"|</h1>)", re.DOTALL)
+
+
+@cache
+def page_title(path: Path) -> str | None:
+    """The ``<h1>`` of a built page, as text; None if there is no such page."""
+    try:
+        found = H1.search(path.read_text(encoding="utf-8"))
+    except OSError:
+        return None
+    return html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip() if found else None
+
+
+def translate_page_links(page: str, path: Path, outdir: Path) -> str:
+    """``page`` (at ``path`` in the zh edition ``outdir``) with each link whose text is the English title
+    of the page it leads to showing that page's Chinese title instead."""
+    root = outdir.resolve()
+
+    def retitle(link: re.Match[str]) -> str:
+        target = (path.parent / link.group(2)).resolve()
+        if not target.is_relative_to(root):
+            return link.group(0)
+        english, chinese = page_title(root.parent / target.relative_to(root)), page_title(target)
+        if english is None or chinese is None or html.unescape(link.group(4)).strip() != english:
+            return link.group(0)
+        return link.group(1) + link.group(2) + link.group(3) + html.escape(chinese, quote=False) + link.group(5)
+
+    return PAGE_LINK.sub(retitle, page)
 
 
 def on_build_finished(app: Sphinx, exception: Exception | None) -> None:

@@ -194,3 +194,18 @@ def test_the_check_finds_an_english_title() -> None:
     )
     tree = ast.parse(code)
     assert [is_text_literal(value) for _, value in shown_text_arguments(tree)] == [True, True, False, False, True]
+
+
+UNITS = {"GB", "KiB"}
+"""Words a Chinese table header keeps in English."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_the_zh_build_translates_every_table_header(path: Path) -> None:
+    """Tables a notebook shows (``html_table``) get their headers from the catalog: in Chinese on the zh pages."""
+    chinese_page = translate_html(stored_pictures(path))
+    headers = [html.unescape(h) for h in re.findall(r"<th\b[^>]*>(.*?)</th>", chinese_page, re.DOTALL)]
+    english = [
+        h for h in headers if not re.search(r"[\u4e00-\u9fff]", h) and set(re.findall(r"[A-Za-z]{2,}", h)) - UNITS
+    ]
+    assert not english, f"{path.relative_to(REPO).as_posix()}: table headers left in English: {english}"

@@ -16,6 +16,7 @@ The zh build itself (warnings as errors) runs in `make test` before pytest; the 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -235,6 +236,31 @@ def test_the_zh_build_translates_drawings_and_names_the_answer_hint(tmp_path: Pa
     built = REPO / "_build" / "html" / "zh" / "book" / "05_radix.html"
     if built.exists():  # after `make book`
         assert "受保护" in built.read_text(encoding="utf-8")
+
+
+def test_a_link_titled_in_english_gets_the_zh_pages_title(tmp_path: Path) -> None:
+    """The introduction's table links each chapter by its English title; on the zh site, by the Chinese one."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    import zh_drawings
+
+    zh = tmp_path / "zh"
+    for edition, title in ((tmp_path, "1. Why manage?"), (zh, "1. 为何管理？")):
+        (edition / "book").mkdir(parents=True)
+        (edition / "book" / "ch1.html").write_text(f'<h1>{title}<a class="headerlink" href="#x">#</a></h1>')
+    page = (
+        '<td><a href="ch1.html">1. Why manage?</a><br><a href="ch1.html#x">exercises</a>'
+        '<a href="https://example.com/ch1.html">1. Why manage?</a><a href="ch2.html">2. Gone</a></td>'
+    )
+    translated = zh_drawings.translate_page_links(page, zh / "book" / "intro.html", zh)
+    assert translated == page.replace(">1. Why manage?</a><br>", ">1. 为何管理？</a><br>", 1)
+    built = REPO / "_build" / "html" / "zh" / "book" / "00_introduction.html"
+    if built.exists():  # after `make book`
+        text = built.read_text(encoding="utf-8")
+        assert ">1. 为什么要管理 KV 缓存？</a>" in text and ">1. Why manage the KV cache?</a>" not in text
+        chapters = re.findall(r'<a href="0\d_\w+\.html">([^<]*)</a>', text)
+        assert len(chapters) >= 9 and not [t for t in chapters if not re.search("[\u4e00-\u9fff]", t)], chapters
+        headers = re.findall(r"<th\b[^>]*>([^<]*)</th>", text)
+        assert headers[:2] == ["章节", "笔记"], headers
 
 
 def test_the_zh_build_translates_the_checkers_stored_reports() -> None:

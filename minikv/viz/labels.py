@@ -385,6 +385,34 @@ CATALOG: Mapping[str, Label] = MappingProxyType(
         "storage.read_other": Label("read, not its own", "读取了，不属于它"),
         "storage.own_unread": Label("its own, not read", "属于它，未读取"),
         # -- titles and captions the chapters' code passes to drawings (label("ch5.arrives", n=3)) --------
+        "intro.chapter": Label("chapter", "章节"),
+        "intro.notes": Label("notes", "笔记"),
+        "intro.modules": Label("minikv module: names", "minikv 模块：名字"),
+        "intro.peer_files": Label("mini-sglang files", "mini-sglang 文件"),
+        "intro.exercises": Label("exercises", "练习"),
+        "intro.challenges": Label("challenges {first}–{last}", "挑战 {first}–{last}"),
+        "intro.beyond_notes": Label("beyond the notes", "笔记之外"),
+        "intro.motivation_only": Label("(motivation only)", "（仅为动机）"),
+        "ch1.model": Label("model", "模型"),
+        "ch1.attention": Label("attention", "注意力"),
+        "ch1.config_numbers": Label("config numbers", "配置数字"),
+        "ch1.bytes_per_token": Label("bytes/token", "字节/token"),
+        "ch1.kv_numbers": Label(
+            "{layers} layers, {kv_heads} KV heads × {dims}", "{layers} 层，{kv_heads} 个 KV 头 × {dims}"
+        ),
+        "ch1.mla_numbers": Label(
+            "{layers} layers, latent {rank} + rope {dims}", "{layers} 层，潜向量 {rank} + rope {dims}"
+        ),
+        "ch1.tokens_that_fit": Label("tokens that fit", "放得下的 token 数"),
+        "ch1.weights": Label("weights", "权重"),
+        "ch1.memory": Label("memory", "内存"),
+        "ch1.tokens_left": Label("tokens left", "剩余 token 数"),
+        "ch1.requests_4k": Label("4k-token requests", "4k-token 请求数"),
+        "ch1.manager": Label("manager", "管理器"),
+        "ch1.request": Label("request", "请求"),
+        "ch1.tokens": Label("tokens", "token 数"),
+        "ch1.cached_reused": Label("cached (reused)", "已缓存（复用）"),
+        "ch1.computed": Label("computed", "需计算"),
         "ch1.engine_running": Label("an engine, three requests running", "一个引擎，三个请求在运行"),
         "ch1.after_b_admitted": Label(
             "after B's admission: A's prefix slots {slots_text} are B's or free",
@@ -620,6 +648,8 @@ _IN_MARKUP = (
     re.compile(r'(<div class="mkp-title">)([^<]*)(</div>)'),  # a player's title (a notebook's label)
 )
 _IN_ATTRIBUTES = (re.compile(r'(xlink:title=")([^"]*)(")'),)  # graphviz's tooltips
+_TABLE = re.compile(r"<table\b.*?</table>", re.DOTALL)  # a notebook's table (minikv.course.demo.html_table)
+_TABLE_TEXT = re.compile(r"(<(?!code\b)[^<>]*>)([^<>]*[A-Za-z][^<>]*)()(?=<)")  # a cell's words, not its code
 
 
 def player_fragments(lang: str) -> list[str]:
@@ -643,7 +673,8 @@ def translate_html(page: str, lang: str = "zh") -> str:
 
     SVG ``<text>`` elements and tooltips, a player's title, captions, details, buttons and script
     are read through :func:`translate`, and so are the titles and captions a notebook passes
-    through :func:`label`; text that is not a label (token words, code) stays byte for byte. SVG
+    through :func:`label` and the words of its tables' cells (code in ``<code>`` left out); text
+    that is not a label (token words, code) stays byte for byte. SVG
     text that changed gets :data:`CJK_FONT_FAMILY` after its own fonts.
     """
     _checked(lang)
@@ -663,6 +694,7 @@ def translate_html(page: str, lang: str = "zh") -> str:
         page = pattern.sub(relabel, page)
     for pattern in _IN_ATTRIBUTES:
         page = pattern.sub(lambda m: relabel(m, attribute=True), page)
+    page = _TABLE.sub(lambda table: _TABLE_TEXT.sub(relabel, table.group(0)), page)
     for english, chinese in zip(player_fragments("en"), player_fragments(lang), strict=True):
         page = page.replace(english, chinese)
     return page
